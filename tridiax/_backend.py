@@ -1,0 +1,53 @@
+"""Which implementation runs where: the one place that chooses a backend.
+
+| name               | what runs                                                   | chosen by default for        |
+|--------------------|-------------------------------------------------------------|------------------------------|
+| "xla"              | the fori_loop formulation in `_kernels/_xla_thomas.py`       | CPU, TPU, complex dtypes     |
+| "pallas_triton"    | the Pallas kernel, lowered through Triton                    | CUDA and ROCm GPUs           |
+| "pallas_interpret" | the same Pallas kernel in interpret mode (tests, debugging) | never                        |
+
+Mosaic GPU and Mosaic TPU kernels slot in here as further names.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import jax.numpy as jnp
+
+Backend = Literal["xla", "pallas_triton", "pallas_interpret"]
+BACKENDS: tuple[str, ...] = ("xla", "pallas_triton", "pallas_interpret")
+
+
+def default_backend(platform: str, dtype) -> str:
+    """The backend used on `platform` ("cpu", "cuda", "rocm", "tpu") for `dtype`."""
+    if platform in ("cuda", "rocm") and not jnp.issubdtype(dtype, jnp.complexfloating):
+        # Triton has no complex types; complex systems take the XLA formulation on GPU.
+        return "pallas_triton"
+    return "xla"
+
+
+def check_backend(backend: str | None) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
+
+
+def thomas_solver(backend: str):
+    """The function solving (P|1, N|1, Q|1) operands along axis 1 for `backend`."""
+    from ._kernels import _pallas_thomas, _xla_thomas
+
+    if backend == "xla":
+        return _xla_thomas.solve_pnq
+    if backend == "pallas_interpret":
+        return functools.partial(_pallas_thomas.solve_pnq, interpret=True)
+    if backend == "pallas_triton":
+        # jax >= 0.10 picks Mosaic GPU for Pallas on GPU unless Triton's CompilerParams are
+        # passed explicitly.
+        from jax.experimental.pallas import triton as plgpu
+
+        def params(blocks):
+            return plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=1)
+
+        return functools.partial(_pallas_thomas.solve_pnq, compiler_params=params)
+    raise ValueError(f"unknown backend {backend!r}")

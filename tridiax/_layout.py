@@ -1,0 +1,52 @@
+"""The (P, N, Q) view every kernel works on.
+
+An array of any rank whose systems lie along `axis` is, in row-major order, a 3-D array
+(P, N, Q): P = prod(shape[:axis]) groups of N rows, each row holding Q contiguous values.
+The reshape is free (a bitcast in XLA), so kernels address the solve axis directly and no
+array is ever transposed.
+
+An operand that broadcasts against the full shape keeps size 1 in each of the three
+groups it does not vary over, so a matrix shared by all columns is never copied. Only an
+operand that is broadcast in part of a group (e.g. varying over the first of two leading
+dimensions but not the second) is materialised over that group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import Array
+
+
+def _group_size(dims: tuple[int, ...], full: tuple[int, ...]) -> int | None:
+    """Size of a group in an operand: its full size, 1 if broadcast, None if mixed."""
+    if dims == full:
+        return math.prod(full)
+    if all(d == 1 for d in dims):
+        return 1
+    return None
+
+
+def to_pnq(x: Array, axis: int, full_shape: tuple[int, ...]) -> Array:
+    """View `x` (same rank as `full_shape`, broadcast-compatible) as (P|1, N|1, Q|1)."""
+    lead, trail = x.shape[:axis], x.shape[axis + 1 :]
+    full_lead, full_trail = full_shape[:axis], full_shape[axis + 1 :]
+    p = _group_size(lead, full_lead)
+    q = _group_size(trail, full_trail)
+    if p is None or q is None:
+        target = (
+            (full_lead if p is None else lead) + (x.shape[axis],) + (full_trail if q is None else trail)
+        )
+        x = jnp.broadcast_to(x, target)
+        p = math.prod(x.shape[:axis]) if p is None else p
+        q = math.prod(x.shape[axis + 1 :]) if q is None else q
+    return x.reshape(p, x.shape[axis], q)
+
+
+def pnq_shape(full_shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    return (
+        math.prod(full_shape[:axis]),
+        full_shape[axis],
+        math.prod(full_shape[axis + 1 :]),
+    )

@@ -1,0 +1,125 @@
+"""`tridiagonal_solve_p`: the solve as a JAX primitive with its own AD and batching rules.
+
+Why a primitive rather than custom_vjp/custom_linear_solve around a pallas_call:
+- autodiff does not pass through pallas_call, and custom_vjp gives no jvp;
+- the batching rule here treats a vmapped dimension as one more batch dimension and shifts
+  `axis`, so vmap at any in_axes never transposes (Pallas's own rule and custom_vmap move the
+  batch to the front);
+- differentiation is implicit: with x = A^{-1} b,
+    d x = A^{-1} (d b - dA x)        (JVP: one more solve with the same bands)
+    b_bar = A^{-T} x_bar,  dA_bar = -b_bar * x (shifted)   (transpose: one transposed solve)
+  and the transposed solve is the same kernel reading the bands shifted (`transposed=True`),
+  so reverse mode keeps only x and the bands, and second order composes from the same rules.
+
+Operands: four arrays of one dtype and one rank that broadcast together (`_solve.py` checks
+and arranges this). Params: `axis` (non-negative), `transposed`, `backend` (None = per platform,
+see `_backend.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from . import _backend, _bands, _layout
+
+tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
+
+
+def _impl(*operands, **params):
+    return jax.jit(functools.partial(tridiagonal_solve_p.bind, **params))(*operands)
+
+
+tridiagonal_solve_p.def_impl(_impl)
+
+
+def _out_shape(*shapes) -> tuple[int, ...]:
+    return tuple(max(dims) if 0 not in dims else 0 for dims in zip(*shapes, strict=True))
+
+
+@tridiagonal_solve_p.def_abstract_eval
+def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend):
+    del transposed, backend
+    shape = _out_shape(lower.shape, diag.shape, upper.shape, rhs.shape)
+    return jax.core.ShapedArray(shape, rhs.dtype)
+
+
+def _lowering(platform: str):
+    def solve(lower, diag, upper, rhs, *, axis, transposed, backend):
+        full = _out_shape(lower.shape, diag.shape, upper.shape, rhs.shape)
+        if 0 in full:
+            return jnp.zeros(full, rhs.dtype)
+        backend = backend or _backend.default_backend(platform, rhs.dtype)
+        views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper, rhs)]
+        x = _backend.thomas_solver(backend)(*views, transposed=transposed, out_dtype=rhs.dtype)
+        return x.reshape(full)
+
+    return mlir.lower_fun(solve, multiple_results=False)
+
+
+mlir.register_lowering(tridiagonal_solve_p, _lowering("cpu"), platform="cpu")
+mlir.register_lowering(tridiagonal_solve_p, _lowering("cuda"), platform="cuda")
+mlir.register_lowering(tridiagonal_solve_p, _lowering("rocm"), platform="rocm")
+mlir.register_lowering(tridiagonal_solve_p, _lowering("tpu"), platform="tpu")
+
+
+def _jvp(primals, tangents, *, axis, transposed, backend):
+    lower, diag, upper, rhs = primals
+    params = dict(axis=axis, transposed=transposed, backend=backend)
+    x = tridiagonal_solve_p.bind(lower, diag, upper, rhs, **params)
+    lower_t, diag_t, upper_t, rhs_t = (
+        None if type(t) is ad.Zero else t for t in tangents
+    )
+    terms = []
+    if rhs_t is not None:
+        terms.append(rhs_t)
+    if any(t is not None for t in (lower_t, diag_t, upper_t)):
+        terms.append(
+            -_bands.matvec(lower_t, diag_t, upper_t, x, axis=axis, transposed=transposed)
+        )
+    if not terms:
+        return x, ad.Zero.from_primal_value(x)
+    x_t = tridiagonal_solve_p.bind(lower, diag, upper, sum(terms[1:], terms[0]), **params)
+    return x, x_t
+
+
+ad.primitive_jvps[tridiagonal_solve_p] = _jvp
+
+
+def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend):
+    if any(ad.is_undefined_primal(band) for band in (lower, diag, upper)):
+        raise NotImplementedError("the tridiagonal solve is linear in rhs only")
+    if type(x_bar) is ad.Zero:
+        return None, None, None, ad.Zero(rhs.aval)
+    b_bar = tridiagonal_solve_p.bind(
+        lower, diag, upper, x_bar, axis=axis, transposed=not transposed, backend=backend
+    )
+    return None, None, None, _bands.unbroadcast(b_bar, rhs.aval.shape)
+
+
+ad.primitive_transposes[tridiagonal_solve_p] = _transpose
+
+
+def _batch(operands, dims, *, axis, transposed, backend):
+    # The vmapped dimension becomes one more batch dimension of the solve: operands batched at
+    # the same position need no data movement, unbatched ones get a size-1 dimension (a free
+    # reshape) and broadcast. Only operands batched at different positions are moved.
+    batched = [d for d in dims if d is not None]
+    bdim = dims[3] if dims[3] is not None else batched[0]
+    moved = []
+    for x, d in zip(operands, dims, strict=True):
+        if d is None:
+            x = jnp.expand_dims(x, bdim)
+        elif d != bdim:
+            x = jnp.moveaxis(x, d, bdim)
+        moved.append(x)
+    new_axis = axis + 1 if bdim <= axis else axis
+    out = tridiagonal_solve_p.bind(*moved, axis=new_axis, transposed=transposed, backend=backend)
+    return out, bdim
+
+
+batching.primitive_batchers[tridiagonal_solve_p] = _batch
