@@ -1,11 +1,15 @@
 """Which implementation runs where: the one place that chooses a backend.
 
-| name               | what runs                                                   | chosen by default for        |
-|--------------------|-------------------------------------------------------------|------------------------------|
-| "xla"              | the fori_loop formulation in `_kernels/_xla_thomas.py`       | CPU, TPU, complex dtypes     |
-| "pallas_triton"    | the Pallas kernel, lowered through Triton                    | CUDA and ROCm GPUs           |
-| "pallas_interpret" | the same Pallas kernel in interpret mode (tests, debugging) | never                        |
+| name               | what runs                                                    | default for                |
+|--------------------|--------------------------------------------------------------|----------------------------|
+| "native"           | the C++ kernel `_kernels/thomas_cpu.cc` (XLA FFI custom call) | CPU, float32/64, complex   |
+| "xla"              | the fori_loop formulation `_kernels/_xla_thomas.py`            | CPU without a C++ compiler,|
+|                    |                                                              | half precision on CPU, TPU,|
+|                    |                                                              | complex on GPU             |
+| "pallas_triton"    | the Pallas kernel `_kernels/_pallas_thomas.py` through Triton | CUDA and ROCm GPUs         |
+| "pallas_interpret" | the same Pallas kernel in interpret mode (tests, debugging)  | never                      |
 
+All four run the same algorithm with the same conventions and agree to rounding.
 Mosaic GPU and Mosaic TPU kernels slot in here as further names.
 """
 
@@ -16,12 +20,16 @@ from typing import Literal
 
 import jax.numpy as jnp
 
-Backend = Literal["xla", "pallas_triton", "pallas_interpret"]
-BACKENDS: tuple[str, ...] = ("xla", "pallas_triton", "pallas_interpret")
+Backend = Literal["native", "xla", "pallas_triton", "pallas_interpret"]
+BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
 
 def default_backend(platform: str, dtype) -> str:
     """The backend used on `platform` ("cpu", "cuda", "rocm", "tpu") for `dtype`."""
+    if platform == "cpu":
+        from ._kernels import _native
+
+        return "native" if _native.supports(dtype) and _native.available() else "xla"
     if platform in ("cuda", "rocm") and not jnp.issubdtype(dtype, jnp.complexfloating):
         # Triton has no complex types; complex systems take the XLA formulation on GPU.
         return "pallas_triton"
@@ -35,8 +43,10 @@ def check_backend(backend: str | None) -> None:
 
 def thomas_solver(backend: str):
     """The function solving (P|1, N|1, Q|1) operands along axis 1 for `backend`."""
-    from ._kernels import _pallas_thomas, _xla_thomas
+    from ._kernels import _native, _pallas_thomas, _xla_thomas
 
+    if backend == "native":
+        return _native.solve_pnq
     if backend == "xla":
         return _xla_thomas.solve_pnq
     if backend == "pallas_interpret":

@@ -72,14 +72,14 @@ def _thomas_kernel(l_ref, d_ref, u_ref, b_ref, x_ref, c_ref, *scratch, n, P, Q, 
     def load(ref, i):
         if ref.shape[1] == 1:  # broadcast along the solve axis
             i = 0
-        i = jnp.asarray(i, jnp.int32)  # masked loads want a traced index in interpret mode
+        i = jnp.asarray(i, int)  # masked loads want a traced index in interpret mode
         mask = mask_for(ref)
         view = ref.at[:, i, :]
         value = plgpu.load(view, mask=mask) if mask is not None else view[...]
         return value.astype(cdt)
 
     def store(ref, i, value):
-        i = jnp.asarray(i, jnp.int32)
+        i = jnp.asarray(i, int)
         mask = mask_for(ref)
         value = jnp.broadcast_to(value, (bp, bq)).astype(ref.dtype)
         if mask is not None:

@@ -1,0 +1,100 @@
+"""The C++ CPU kernel (thomas_cpu.cc): built on first use, registered as an XLA FFI target.
+
+The library is compiled once per machine, source and jax version with the system C++
+compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
+$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax). Where no compiler is found or the build fails,
+`available()` is False and the CPU falls back to the XLA formulation, with one warning that
+says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+_SOURCE = pathlib.Path(__file__).with_name("thomas_cpu.cc")
+_TARGET = "tridiax_thomas_cpu"
+_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128))
+
+
+def _cpu_flags() -> str:
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    return next((line for line in text.splitlines() if line.startswith("flags")), "")
+
+
+def _compile(compiler: str, out: pathlib.Path) -> None:
+    # -march=native: the library is cached per CPU (the key includes its feature flags).
+    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
+           "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", str(out), "-lpthread"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@functools.cache
+def _library_path() -> pathlib.Path:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+    key = hashlib.sha256(
+        b"\0".join([_SOURCE.read_bytes(), jax.__version__.encode(), _cpu_flags().encode(),
+                    compiler.encode()])
+    ).hexdigest()[:16]
+    cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
+    path = cache / f"thomas_cpu-{key}.so"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            built = pathlib.Path(tmp) / path.name
+            try:
+                _compile(compiler, built)
+            except subprocess.CalledProcessError as err:
+                raise RuntimeError(f"building {_SOURCE.name} failed:\n{err.stderr}") from None
+            os.replace(built, path)  # atomic: concurrent builders race harmlessly
+    return path
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the native CPU kernel is built and registered (builds it on first call)."""
+    if os.environ.get("TRIDIAX_NATIVE", "1") == "0":
+        return False
+    try:
+        library = ctypes.cdll.LoadLibrary(str(_library_path()))
+        jax.ffi.register_ffi_target(
+            _TARGET, jax.ffi.pycapsule(library.TridiaxThomasCpu), platform="cpu"
+        )
+    except (OSError, RuntimeError) as err:
+        warnings.warn(
+            f"tridiax: the native CPU kernel is unavailable ({err}); using the slower XLA "
+            "formulation on CPU.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+def supports(dtype) -> bool:
+    return jnp.dtype(dtype) in _DTYPES
+
+
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype):
+    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q)."""
+    if not available():
+        raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
+    shape = tuple(max(x.shape[k] for x in (l, d, u, b)) for k in range(3))
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, out_dtype))
+    return call(l, d, u, b, transposed=transposed)
