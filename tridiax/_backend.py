@@ -2,10 +2,9 @@
 
 | name               | what runs                                                    | default for                |
 |--------------------|--------------------------------------------------------------|----------------------------|
-| "native"           | the C++ kernel `_kernels/thomas_cpu.cc` (XLA FFI custom call) | CPU, float32/64, complex   |
+| "native"           | the C++ kernel `_kernels/thomas_cpu.cc` (XLA FFI custom call) | CPU                        |
 | "xla"              | the fori_loop formulation `_kernels/_xla_thomas.py`            | CPU without a C++ compiler,|
-|                    |                                                              | half precision on CPU, TPU,|
-|                    |                                                              | complex on GPU             |
+|                    |                                                              | TPU, complex on GPU        |
 | "pallas_triton"    | the Pallas kernel `_kernels/_pallas_thomas.py` through Triton | CUDA and ROCm GPUs         |
 | "pallas_interpret" | the same Pallas kernel in interpret mode (tests, debugging)  | never                      |
 
@@ -29,16 +28,25 @@ def default_backend(platform: str, dtype) -> str:
     if platform == "cpu":
         from ._kernels import _native
 
-        return "native" if _native.supports(dtype) and _native.available() else "xla"
+        return "native" if _native.available() else "xla"
     if platform in ("cuda", "rocm") and not jnp.issubdtype(dtype, jnp.complexfloating):
         # Triton has no complex types; complex systems take the XLA formulation on GPU.
         return "pallas_triton"
     return "xla"
 
 
-def check_backend(backend: str | None) -> None:
-    if backend is not None and backend not in BACKENDS:
+def supports(backend: str, dtype) -> bool:
+    """Whether `backend` solves systems of `dtype` (Pallas kernels have no complex types)."""
+    return not (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating))
+
+
+def check_backend(backend: str | None, dtype) -> None:
+    if backend is None:
+        return
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
+    if not supports(backend, dtype):
+        raise ValueError(f"backend {backend!r} does not support {jnp.dtype(dtype)}; use 'xla'.")
 
 
 def thomas_solver(backend: str):

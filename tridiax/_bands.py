@@ -19,38 +19,34 @@ def shift(x: Array, k: int, axis: int) -> Array:
     return lax.pad(x, jnp.zeros((), x.dtype), config)
 
 
-def _edge_mask(shape, axis: int, row: int) -> Array:
-    n = shape[axis]
-    return lax.broadcasted_iota(jnp.int32, [n if k == axis else 1 for k in range(len(shape))],
-                                axis) == (row % n)
-
-
 def matvec(lower, diag, upper, x, *, axis: int, transposed: bool = False) -> Array:
     """A @ x along `axis` for the tridiagonal A with these bands (or A^T when `transposed`).
 
     Row i of A reads lower[i]*x[i-1] + diag[i]*x[i] + upper[i]*x[i+1]; lower[0] and
-    upper[-1] are ignored whatever they hold (also inf or NaN). Operands broadcast; a band
-    given as None is zero (this is how the JVP skips symbolic-zero tangents).
+    upper[-1] are never multiplied, so they are ignored whatever they hold (inf and NaN too).
+    Operands broadcast; a band given as None is zero (the JVP skips symbolic-zero tangents).
+    Only pads and multiplies: no select, whose batching rule would move a vmapped dimension.
     """
+    n = x.shape[axis]
+
+    def full_length(band):
+        shape = list(jnp.shape(band))
+        shape[axis] = n
+        return jnp.broadcast_to(band, shape)
+
     terms = []
     if diag is not None:
         terms.append(diag * x)
-    if transposed:
-        # (A^T x)[i] = upper[i-1]*x[i-1] + diag[i]*x[i] + lower[i+1]*x[i+1]; the shifts drop
-        # upper[-1] and lower[0].
-        if upper is not None:
-            terms.append(shift(upper * x, 1, axis))
-        if lower is not None:
-            terms.append(shift(lower * x, -1, axis))
-    else:
-        if lower is not None:
-            shape = jnp.broadcast_shapes(jnp.shape(lower), x.shape)
-            lower = jnp.where(_edge_mask(shape, axis, 0), 0, lower)
-            terms.append(lower * shift(x, 1, axis))
-        if upper is not None:
-            shape = jnp.broadcast_shapes(jnp.shape(upper), x.shape)
-            upper = jnp.where(_edge_mask(shape, axis, -1), 0, upper)
-            terms.append(upper * shift(x, -1, axis))
+    if lower is not None:
+        lower = full_length(lower)
+        # A: lower[i]*x[i-1] = shift(lower[j+1]*x[j], +1)[i];  A^T: lower[i+1]*x[i+1].
+        terms.append(shift(lower * x, -1, axis) if transposed
+                     else shift(shift(lower, -1, axis) * x, 1, axis))
+    if upper is not None:
+        upper = full_length(upper)
+        # A: upper[i]*x[i+1] = shift(upper[j-1]*x[j], -1)[i];  A^T: upper[i-1]*x[i-1].
+        terms.append(shift(upper * x, 1, axis) if transposed
+                     else shift(shift(upper, 1, axis) * x, -1, axis))
     return functools.reduce(operator.add, terms)
 
 

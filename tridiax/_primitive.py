@@ -108,8 +108,9 @@ def _batch(operands, dims, *, axis, transposed, backend):
     # The vmapped dimension becomes one more batch dimension of the solve: operands batched at
     # the same position need no data movement, unbatched ones get a size-1 dimension (a free
     # reshape) and broadcast. Only operands batched at different positions are moved.
+    # Keep the position most operands already have (ties: the rhs's), so the fewest move.
     batched = [d for d in dims if d is not None]
-    bdim = dims[3] if dims[3] is not None else batched[0]
+    bdim = max(batched, key=lambda d: (batched.count(d), d == dims[3]))
     moved = []
     for x, d in zip(operands, dims, strict=True):
         if d is None:

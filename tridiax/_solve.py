@@ -67,8 +67,8 @@ def solve_tridiagonal(
 
 def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None) -> Array:
     """`solve_tridiagonal` with a backend override (see `_backend.py`); for tests and modules."""
-    _backend.check_backend(backend)
     operands, axis = prepare_operands((lower, diag, upper, rhs), _NAMES, axis)
+    _backend.check_backend(backend, operands[0].dtype)
     return tridiagonal_solve_p.bind(*operands, axis=axis, transposed=False, backend=backend)
 
 

@@ -21,11 +21,11 @@ import tempfile
 import warnings
 
 import jax
-import jax.numpy as jnp
+
+from .._dtypes import compute_dtype
 
 _SOURCE = pathlib.Path(__file__).with_name("thomas_cpu.cc")
 _TARGET = "tridiax_thomas_cpu"
-_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128))
 
 
 def _cpu_flags() -> str:
@@ -87,14 +87,16 @@ def available() -> bool:
     return True
 
 
-def supports(dtype) -> bool:
-    return jnp.dtype(dtype) in _DTYPES
-
-
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype):
-    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q)."""
+    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q).
+
+    float16/bfloat16 operands are converted to float32 (the kernel computes in float32 or
+    wider) and the result rounded back once.
+    """
     if not available():
         raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
-    shape = tuple(max(x.shape[k] for x in (l, d, u, b)) for k in range(3))
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, out_dtype))
-    return call(l, d, u, b, transposed=transposed)
+    cdt = compute_dtype(out_dtype)
+    operands = [x.astype(cdt) for x in (l, d, u, b)]
+    shape = tuple(max(x.shape[k] for x in operands) for k in range(3))
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, cdt))
+    return call(*operands, transposed=transposed).astype(out_dtype)

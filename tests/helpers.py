@@ -1,0 +1,122 @@
+"""Problem builders and independent references for the tests."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CPU_BACKENDS = ("native", "xla", "pallas_interpret")
+GPU_BACKENDS = ("pallas_triton", "xla")
+
+
+def backends(dtype=None) -> tuple[str, ...]:
+    """Every backend that runs on this machine's default device (and supports `dtype`)."""
+    from tridiax._backend import supports
+
+    found = GPU_BACKENDS if jax.default_backend() in ("gpu", "cuda", "rocm") else CPU_BACKENDS
+    return tuple(b for b in found if dtype is None or supports(b, np.dtype(dtype)))
+
+
+# Tolerances relative to the solution's size, per dtype.
+RTOL = {
+    np.dtype(np.float16): 2e-2,
+    np.dtype(jnp.bfloat16): 1e-1,
+    np.dtype(np.float32): 2e-5,
+    np.dtype(np.complex64): 2e-5,
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.complex128): 1e-12,
+}
+
+
+def random_bands(shape, dtype=np.float64, *, seed=0, dominant=True, shapes=None):
+    """lower, diag, upper, rhs as NumPy arrays; `shapes` gives each its own (broadcast) shape."""
+    rng = np.random.default_rng(seed)
+    shapes = shapes or (shape,) * 4
+    dtype = np.dtype(dtype)
+
+    def draw(s):
+        x = rng.uniform(-1, 1, s)
+        if np.issubdtype(dtype, np.complexfloating):
+            x = x + 1j * rng.uniform(-1, 1, s)
+        return x
+
+    lower, upper, rhs = draw(shapes[0]), draw(shapes[2]), draw(shapes[3])
+    diag = draw(shapes[1])
+    if dominant:
+        diag = diag + 3 * np.where(np.real(diag) >= 0, 1, -1)
+    return [np.asarray(a).astype(dtype) for a in (lower, diag, upper, rhs)]
+
+
+def dense_matrix(lower, diag, upper):
+    """(..., N, N) dense matrices from bands along the last axis (jnp, differentiable)."""
+    n = diag.shape[-1]
+    eye_sub = jnp.eye(n, k=-1, dtype=diag.dtype)
+    eye_sup = jnp.eye(n, k=1, dtype=diag.dtype)
+    # Row i: lower[i] at column i-1, upper[i] at column i+1.
+    return (lower[..., :, None] * eye_sub + diag[..., :, None] * jnp.eye(n, dtype=diag.dtype)
+            + upper[..., :, None] * eye_sup)
+
+
+def dense_solve(lower, diag, upper, rhs, axis):
+    """Independent reference: jnp.linalg.solve on dense matrices (differentiable)."""
+    arrays = jnp.broadcast_arrays(*(jnp.asarray(a) for a in (lower, diag, upper, rhs)))
+    lower, diag, upper, rhs = (jnp.moveaxis(a, axis, -1) for a in arrays)
+    a = dense_matrix(lower, diag, upper)
+    x = jnp.linalg.solve(a, rhs[..., None])[..., 0]
+    return jnp.moveaxis(x, -1, axis)
+
+
+def assert_close(actual, expected, dtype, factor=1.0):
+    actual = np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64)
+    expected = np.asarray(expected)
+    scale = max(np.max(np.abs(expected)), 1e-30)
+    err = np.max(np.abs(actual - expected)) / scale if expected.size else 0.0
+    assert err <= factor * RTOL[np.dtype(dtype)], f"relative error {err:.2e} for {dtype}"
+
+
+def triton_kernels(lowered) -> list[str]:
+    """Text of the Triton IR of every Pallas kernel in a module lowered for CUDA."""
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.triton import dialect as tt_dialect
+
+    blobs = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    if child.operation.name == "stablehlo.custom_call":
+                        target = ir.StringAttr(child.attributes["call_target_name"]).value
+                        if "triton" in target:
+                            blobs.append(_triton_payload(child))
+                    walk(child.operation)
+
+    walk(lowered.compiler_ir("stablehlo").operation)
+    texts = []
+    for kind, blob in blobs:
+        if kind == "text":
+            texts.append(blob)
+            continue
+        context = jax_mlir.make_ir_context()
+        tt_dialect.register_dialect(context)
+        with context:
+            texts.append(str(ir.Module.parse(blob)))
+    return texts
+
+
+def _triton_payload(op):
+    """jaxlib <= 0.10.2 embeds the Triton module as bytecode ("ir"); later versions compile it
+    at lowering time and embed a zlib-compressed proto holding the module's text ("opaque")."""
+    import zlib
+
+    from jax._src.lib.mlir import ir
+
+    names = set(op.attributes)
+    key = "mhlo.backend_config" if "mhlo.backend_config" in names else "backend_config"
+    config = ir.DictAttr(op.attributes[key])
+    if "ir" in config:
+        return "bytecode", ir.StringAttr(config["ir"]).value_bytes
+    payload = zlib.decompress(ir.StringAttr(config["opaque"]).value_bytes)
+    return "text", payload.decode("latin-1")

@@ -1,0 +1,185 @@
+"""solve_tridiagonal against scipy.linalg.solve_banded (tridiax.verify) on every backend."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_close, backends, random_bands
+
+import tridiax
+from tridiax import verify
+from tridiax._solve import solve
+
+SHAPES_AXES = [
+    ((1,), 0),
+    ((2,), 0),
+    ((3,), -1),
+    ((5, 1), 0),
+    ((1, 5), -1),
+    ((7, 3), 0),
+    ((3, 7), -1),
+    ((3, 7), 1),
+    ((4, 6, 5), 0),
+    ((4, 6, 5), 1),
+    ((4, 6, 5), 2),
+    ((4, 6, 5), -2),
+    ((2, 3, 4, 5), 2),
+]
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("shape,axis", SHAPES_AXES)
+def test_matches_scipy_every_axis(backend, shape, axis):
+    args = random_bands(shape, np.float64, seed=len(shape) + axis)
+    x = solve(*args, axis=axis, backend=backend)
+    assert x.shape == shape and x.dtype == jnp.float64
+    assert_close(x, verify.reference_solve(*args, axis=axis), np.float64)
+
+
+@pytest.mark.parametrize(
+    "backend,dtype",
+    [(b, t) for t in (np.float32, np.float64, np.complex64, np.complex128) for b in backends(t)],
+)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_dtypes(backend, dtype, axis):
+    shape = (9, 37, 6)
+    args = random_bands(shape, dtype, seed=3)
+    x = solve(*(jnp.asarray(a) for a in args), axis=axis, backend=backend)
+    assert x.dtype == np.dtype(dtype)
+    assert_close(x, verify.reference_solve(*args, axis=axis), dtype)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_accumulates_in_float32(backend, dtype):
+    # Rounding the inputs to half precision is the only error: the elimination runs in
+    # float32, so the result matches the float64 solve of the rounded inputs to half precision.
+    args = [jnp.asarray(a, dtype) for a in random_bands((40, 33), np.float64, seed=5)]
+    x = solve(*args, axis=0, backend=backend)
+    assert x.dtype == dtype
+    exact = verify.reference_solve(*(np.asarray(a, np.float64) for a in args), axis=0)
+    assert_close(x, exact, dtype)
+    x32 = solve(*(a.astype(jnp.float32) for a in args), axis=0, backend=backend)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(x32.astype(dtype)))
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize(
+    "shapes,axis",
+    [
+        # One matrix shared by every column.
+        (((8, 1), (8, 1), (8, 1), (8, 13)), 0),
+        # One matrix shared by every row, systems along the last axis.
+        (((8,), (8,), (8,), (13, 8)), -1),
+        # Constant coefficients (size 1 along the solve axis).
+        (((1, 1), (1, 13), (1, 1), (8, 13)), 0),
+        # Bands vary over the batch, rhs shared.
+        (((8, 13), (8, 13), (8, 13), (8, 1)), 0),
+        # Mixed broadcasting inside one batch group (the view materialises that group).
+        (((3, 1, 8), (1, 4, 8), (3, 4, 8), (1, 1, 8)), 2),
+        (((3, 8, 1, 5), (1, 8, 4, 1), (3, 8, 4, 5), (3, 1, 4, 5)), 1),
+    ],
+)
+def test_broadcasting(backend, shapes, axis):
+    args = random_bands(None, np.float64, seed=7, shapes=shapes)
+    x = solve(*args, axis=axis, backend=backend)
+    assert x.shape == np.broadcast_shapes(*shapes)
+    assert_close(x, verify.reference_solve(*args, axis=axis), np.float64)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("batch", [1, 2, 3, 127, 129, 300])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_batch_not_a_multiple_of_a_block(backend, batch, axis):
+    shape = (11, batch) if axis == 0 else (batch, 11)
+    args = random_bands(shape, np.float32, seed=batch)
+    x = solve(*args, axis=axis, backend=backend)
+    assert_close(x, verify.reference_solve(*args, axis=axis), np.float32)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_long_systems(backend):
+    args = random_bands((2000, 3), np.float64, seed=11)
+    x = solve(*args, axis=0, backend=backend)
+    assert_close(x, verify.reference_solve(*args, axis=0), np.float64)
+    assert verify.relative_residual(*args[:3], x, args[3], axis=0).max() < 1e-14
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_ignores_lower_first_and_upper_last(backend):
+    lower, diag, upper, rhs = random_bands((6, 4), np.float64, seed=2)
+    expected = solve(lower, diag, upper, rhs, axis=0, backend=backend)
+    lower[0], upper[-1] = np.nan, np.inf
+    x = solve(lower, diag, upper, rhs, axis=0, backend=backend)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(expected))
+    # The gradient ignores them too (and is finite).
+    grads = jax.grad(lambda *a: jnp.sum(solve(*a, axis=0, backend=backend)), argnums=(0, 1, 2, 3))(
+        *(jnp.asarray(a) for a in (lower, diag, upper, rhs)))
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    assert grads[0][0].tolist() == [0.0] * 4 and grads[2][-1].tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_zero_pivot_only_affects_its_system(backend):
+    lower, diag, upper, rhs = random_bands((5, 6), np.float64, seed=4)
+    diag[0, 2] = 0.0  # first pivot of system (column) 2 is zero
+    diag[3, 4] = lower[3, 4] * upper[2, 4] / diag[2, 4]  # a later pivot is (nearly) zero
+    x = np.asarray(solve(lower, diag, upper, rhs, axis=0, backend=backend))
+    assert not np.all(np.isfinite(x[:, 2]))
+    ok = [0, 1, 3, 5]
+    ref = verify.reference_solve(*(a[:, ok] for a in (lower, diag, upper, rhs)), axis=0)
+    assert_close(x[:, ok], ref, np.float64)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_nonfinite_input_stays_in_its_system(backend):
+    lower, diag, upper, rhs = random_bands((7, 5), np.float64, seed=8)
+    rhs[3, 1] = np.nan
+    x = np.asarray(solve(lower, diag, upper, rhs, axis=0, backend=backend))
+    assert np.all(np.isnan(x[:, 1]))
+    ok = [0, 2, 3, 4]
+    ref = verify.reference_solve(*(a[:, ok] for a in (lower, diag, upper, rhs)), axis=0)
+    assert_close(x[:, ok], ref, np.float64)
+
+
+def test_pallas_rejects_complex_with_a_clear_error():
+    args = random_bands((4, 3), np.complex64)
+    with pytest.raises(ValueError, match="does not support complex64; use 'xla'"):
+        solve(*args, axis=0, backend="pallas_interpret")
+    # The default picks a backend that supports it, on every platform.
+    assert_close(tridiax.solve_tridiagonal(*args, axis=0),
+                 verify.reference_solve(*args, axis=0), np.complex64)
+
+
+def test_backends_agree_to_rounding():
+    args = [jnp.asarray(a) for a in random_bands((33, 70), np.float32, seed=9)]
+    results = [np.asarray(solve(*args, axis=1, backend=b)) for b in backends()]
+    for r in results[1:]:
+        np.testing.assert_allclose(r, results[0], rtol=1e-5, atol=1e-6)
+
+
+def test_public_function_under_jit_with_lists_and_numpy():
+    lower, diag, upper, rhs = random_bands((4, 3), np.float64, seed=1)
+    f = jax.jit(tridiax.solve_tridiagonal, static_argnames="axis")
+    x = f(lower.tolist(), diag, jnp.asarray(upper), rhs, axis=0)
+    assert_close(x, verify.reference_solve(lower, diag, upper, rhs, axis=0), np.float64)
+
+
+def test_empty_batch():
+    x = tridiax.solve_tridiagonal(jnp.ones((4, 0)), jnp.ones((4, 0)), jnp.ones((4, 0)),
+                                  jnp.ones((4, 0)), axis=0)
+    assert x.shape == (4, 0)
+
+
+def test_compile_time_flat_in_n():
+    # Nothing is unrolled over N: the lowered program has the same size for every N.
+    sizes = []
+    for n in (8, 64, 512):
+        args = [jnp.ones((n, 4))] * 4
+        text = jax.jit(lambda *a: tridiax.solve_tridiagonal(*a, axis=0)).lower(*args).as_text()
+        grad_text = jax.jit(jax.grad(lambda *a: jnp.sum(tridiax.solve_tridiagonal(*a, axis=0)),
+                                     argnums=(0, 1, 2, 3))).lower(*args).as_text()
+        sizes.append((len(text.replace(str(n), "")), len(grad_text.replace(str(n), ""))))
+    assert max(s[0] for s in sizes) - min(s[0] for s in sizes) < 50, sizes
+    assert max(s[1] for s in sizes) - min(s[1] for s in sizes) < 200, sizes
