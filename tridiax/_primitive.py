@@ -27,6 +27,11 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _backend, _bands, _layout
 
+try:  # public in jax 0.10; guard against its move out of jax.core in later releases
+    from jax.core import ShapedArray
+except ImportError:  # pragma: no cover
+    from jax._src.core import ShapedArray
+
 tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 
 
@@ -45,7 +50,7 @@ def _out_shape(*shapes) -> tuple[int, ...]:
 def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend):
     del transposed, backend
     shape = _out_shape(lower.shape, diag.shape, upper.shape, rhs.shape)
-    return jax.core.ShapedArray(shape, rhs.dtype)
+    return ShapedArray(shape, rhs.dtype)
 
 
 def _lowering(platform: str):
