@@ -8,7 +8,6 @@ from tridiax import verify
 
 
 def _dense(lower, diag, upper):
-    n = diag.shape[0]
     return np.diag(diag) + np.diag(lower[1:], -1) + np.diag(upper[:-1], 1)
 
 

@@ -15,11 +15,9 @@ Mosaic GPU and Mosaic TPU kernels slot in here as further names.
 from __future__ import annotations
 
 import functools
-from typing import Literal
 
 import jax.numpy as jnp
 
-Backend = Literal["native", "xla", "pallas_triton", "pallas_interpret"]
 BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
 

@@ -43,10 +43,3 @@ def to_pnq(x: Array, axis: int, full_shape: tuple[int, ...]) -> Array:
         q = math.prod(x.shape[axis + 1 :]) if q is None else q
     return x.reshape(p, x.shape[axis], q)
 
-
-def pnq_shape(full_shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
-    return (
-        math.prod(full_shape[:axis]),
-        full_shape[axis],
-        math.prod(full_shape[axis + 1 :]),
-    )

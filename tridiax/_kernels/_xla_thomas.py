@@ -8,7 +8,7 @@ Measured on the 2-core CPU machines (benchmarks/README.md): Pallas interpret mod
 carries every input through a while loop and was 2-3x slower, and `lax.scan` with stacked
 outputs was slower than writing rows in place. For systems along the last axis (Q small) rows
 are strided; there the systems are solved in chunks of a few thousand, each chunk swapped into
-row-major order while it sits in cache, which was 5x faster than strided rows.
+row-major order while it sits in cache, which was 3-5x faster than strided rows.
 """
 
 from __future__ import annotations
