@@ -35,8 +35,15 @@ except ImportError:  # pragma: no cover
 tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 
 
-def _impl(*operands, **params):
-    return jax.jit(functools.partial(tridiagonal_solve_p.bind, **params))(*operands)
+@functools.cache
+def _compiled(axis, transposed, backend):
+    return jax.jit(functools.partial(tridiagonal_solve_p.bind, axis=axis, transposed=transposed,
+                                     backend=backend))
+
+
+def _impl(*operands, axis, transposed, backend):
+    # Eager calls compile once per shape and parameters, like any jitted function.
+    return _compiled(axis, transposed, backend)(*operands)
 
 
 tridiagonal_solve_p.def_impl(_impl)
