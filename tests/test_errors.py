@@ -39,7 +39,7 @@ def test_integer_and_boolean_arrays(name, position, dtype):
 
 
 def test_size_zero_solve_axis():
-    with pytest.raises(ValueError, match=r"solve axis 0 has size 0.*\(0, 3\)"):
+    with pytest.raises(ValueError, match=r"axis 0 has size 0.*\(0, 3\)"):
         tridiax.solve_tridiagonal(*_ones((0, 3), (0, 3), (0, 3), (0, 3)), axis=0)
 
 

@@ -21,8 +21,14 @@ import jax.numpy as jnp
 BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
 
-def default_backend(platform: str, dtype) -> str:
-    """The backend used on `platform` ("cpu", "cuda", "rocm", "tpu") for `dtype`."""
+def default_backend(platform: str, dtype, *, op: str = "thomas") -> str:
+    """The backend used on `platform` ("cpu", "cuda", "rocm", "tpu") for `dtype`.
+
+    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN), which
+    has no native CPU kernel yet: lax.scan-style loops are what it runs on CPU.
+    """
+    if platform == "cpu" and op == "recurrence":
+        return "xla"
     if platform == "cpu":
         from ._kernels import _native
 
@@ -47,6 +53,29 @@ def check_backend(backend: str | None, dtype) -> None:
         raise ValueError(f"backend {backend!r} does not support {jnp.dtype(dtype)}; use 'xla'.")
 
 
+def _triton_params(tiles):
+    # jax >= 0.10 picks Mosaic GPU for Pallas on GPU unless Triton's CompilerParams are passed
+    # explicitly.
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1)
+
+
+def recurrence_runner(backend: str):
+    """The function running recurrences over (P|1, T|1, Q|1) operands for `backend`."""
+    from ._kernels import _pallas_recurrence, _xla_recurrence
+
+    if backend == "native":
+        raise ValueError("there is no native kernel for recurrences yet; use backend='xla'.")
+    if backend == "xla":
+        return _xla_recurrence.recurrence_pnq
+    if backend == "pallas_interpret":
+        return functools.partial(_pallas_recurrence.recurrence_pnq, interpret=True)
+    if backend == "pallas_triton":
+        return functools.partial(_pallas_recurrence.recurrence_pnq, compiler_params=_triton_params)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
 def thomas_solver(backend: str):
     """The function solving (P|1, N|1, Q|1) operands along axis 1 for `backend`."""
     from ._kernels import _native, _pallas_thomas, _xla_thomas
@@ -58,12 +87,5 @@ def thomas_solver(backend: str):
     if backend == "pallas_interpret":
         return functools.partial(_pallas_thomas.solve_pnq, interpret=True)
     if backend == "pallas_triton":
-        # jax >= 0.10 picks Mosaic GPU for Pallas on GPU unless Triton's CompilerParams are
-        # passed explicitly.
-        from jax.experimental.pallas import triton as plgpu
-
-        def params(blocks):
-            return plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=1)
-
-        return functools.partial(_pallas_thomas.solve_pnq, compiler_params=params)
+        return functools.partial(_pallas_thomas.solve_pnq, compiler_params=_triton_params)
     raise ValueError(f"unknown backend {backend!r}")

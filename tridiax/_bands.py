@@ -56,3 +56,23 @@ def unbroadcast(x: Array, shape: tuple[int, ...]) -> Array:
         return x
     dims = tuple(k for k, (s, t) in enumerate(zip(shape, x.shape, strict=True)) if s == 1 and t != 1)
     return jnp.sum(x, axis=dims, keepdims=True).reshape(shape)
+
+
+def align_batch(operands, dims, axis: int, *, preferred: int):
+    """Batching-rule helper: make a vmapped dimension one more batch dimension of the op.
+
+    Operands batched at the same position need no data movement, unbatched ones get a size-1
+    dimension (a free reshape) and broadcast. Only operands batched at a different position
+    than most (ties: `operands[preferred]`) are moved. Returns the operands, the batch position
+    and the shifted `axis`.
+    """
+    batched = [d for d in dims if d is not None]
+    bdim = max(batched, key=lambda d: (batched.count(d), d == dims[preferred]))
+    moved = []
+    for x, d in zip(operands, dims, strict=True):
+        if d is None:
+            x = jnp.expand_dims(x, bdim)
+        elif d != bdim:
+            x = jnp.moveaxis(x, d, bdim)
+        moved.append(x)
+    return moved, bdim, axis + 1 if bdim <= axis else axis

@@ -116,23 +116,9 @@ def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend):
 ad.primitive_transposes[tridiagonal_solve_p] = _transpose
 
 
-def _batch(operands, dims, *, axis, transposed, backend):
-    # The vmapped dimension becomes one more batch dimension of the solve: operands batched at
-    # the same position need no data movement, unbatched ones get a size-1 dimension (a free
-    # reshape) and broadcast. Only operands batched at different positions are moved.
-    # Keep the position most operands already have (ties: the rhs's), so the fewest move.
-    batched = [d for d in dims if d is not None]
-    bdim = max(batched, key=lambda d: (batched.count(d), d == dims[3]))
-    moved = []
-    for x, d in zip(operands, dims, strict=True):
-        if d is None:
-            x = jnp.expand_dims(x, bdim)
-        elif d != bdim:
-            x = jnp.moveaxis(x, d, bdim)
-        moved.append(x)
-    new_axis = axis + 1 if bdim <= axis else axis
-    out = tridiagonal_solve_p.bind(*moved, axis=new_axis, transposed=transposed, backend=backend)
-    return out, bdim
+def _batch(operands, dims, *, axis, **params):
+    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=3)
+    return tridiagonal_solve_p.bind(*moved, axis=axis, **params), bdim
 
 
 batching.primitive_batchers[tridiagonal_solve_p] = _batch

@@ -114,8 +114,8 @@ def prepare_operands(values: Sequence, names: Sequence[str], axis) -> tuple[list
     axis = int(axis) % ndim
     if shape[axis] == 0:
         raise ValueError(
-            f"the solve axis {axis} has size 0 in the broadcast shape {shape}; a system needs "
-            "at least one row."
+            f"axis {axis} has size 0 in the broadcast shape {shape}; a system or sequence "
+            "needs at least one row."
         )
     dtype = jnp.result_type(*arrays)
     arrays = [x.astype(dtype).reshape((1,) * (ndim - x.ndim) + x.shape) for x in arrays]

@@ -1,0 +1,114 @@
+"""What every tridiax Pallas kernel shares: tiles of systems over the (P, N, Q) view.
+
+A program owns a (bp, bq) tile of independent systems (or feature columns) and walks their N
+rows one at a time. Tiles are powers of two (Triton); N may be anything because a row is
+loaded at a time. Triton does not mask a ragged last tile, so when P or Q is not a multiple
+of the tile every load and store carries an explicit mask (interpret mode pads and would hide
+a missing one). Operands broadcast along P, N or Q have size 1 there and are read in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+def _next_power_of_2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """Tile of systems one program solves: bp along P, bq along Q (powers of two)."""
+
+    bp: int
+    bq: int
+    num_warps: int
+
+    @classmethod
+    def default(cls, P: int, Q: int, *, threads: int = 128) -> Tiles:
+        # Systems along Q are contiguous in memory, so a row of a Q tile is a coalesced load;
+        # use Q for the tile as far as it goes and fill the rest with P.
+        bq = min(_next_power_of_2(Q), threads)
+        bp = min(_next_power_of_2(P), max(1, threads // bq))
+        return cls(bp=bp, bq=bq, num_warps=max(1, min(4, bp * bq // 32)))
+
+
+class TileRows:
+    """Masked row access for the program's tile; build it inside a kernel body."""
+
+    def __init__(self, P: int, Q: int, tiles: Tiles, compute_dtype):
+        self.bp, self.bq = tiles.bp, tiles.bq
+        self.masked = P % tiles.bp != 0 or Q % tiles.bq != 0
+        self.dtype = compute_dtype
+        self.p_ok = (pl.program_id(0) * self.bp + lax.broadcasted_iota(jnp.int32, (self.bp, 1), 0)) < P
+        self.q_ok = (pl.program_id(1) * self.bq + lax.broadcasted_iota(jnp.int32, (1, self.bq), 1)) < Q
+
+    def _mask(self, ref):
+        if not self.masked:
+            return None
+        full_p, full_q = ref.shape[0] > 1, ref.shape[2] > 1
+        if full_p and full_q:
+            return self.p_ok & self.q_ok
+        if full_p:
+            return self.p_ok
+        if full_q:
+            return self.q_ok
+        return None
+
+    def load(self, ref, i):
+        """Row i (row 0 of an operand broadcast along N), in the compute dtype."""
+        if ref.shape[1] == 1:
+            i = 0
+        i = jnp.asarray(i, int)  # masked loads want a traced index in interpret mode
+        mask = self._mask(ref)
+        view = ref.at[:, i, :]
+        value = plgpu.load(view, mask=mask) if mask is not None else view[...]
+        return value.astype(self.dtype)
+
+    def store(self, ref, i, value):
+        i = jnp.asarray(i, int)
+        mask = self._mask(ref)
+        value = jnp.broadcast_to(value, (self.bp, self.bq)).astype(ref.dtype)
+        if mask is not None:
+            plgpu.store(ref.at[:, i, :], value, mask=mask)
+        else:
+            ref[:, i, :] = value
+
+    def full(self, value):
+        return jnp.broadcast_to(value, (self.bp, self.bq))
+
+
+def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
+           compiler_params=None):
+    """pallas_call `kernel(*operand_refs, *out_refs, tiles=...)` over tiles of (P, ·, Q).
+
+    `out_shapes` are (rows, dtype) pairs; every output is (P, rows, Q). `compiler_params`, if
+    given, maps the tiles to the backend's CompilerParams.
+    """
+    P = max(x.shape[0] for x in operands)
+    Q = max(x.shape[2] for x in operands)
+    tiles = tiles or Tiles.default(P, Q)
+    bp, bq = tiles.bp, tiles.bq
+
+    def spec(shape):
+        full_p, full_q = shape[0] > 1, shape[2] > 1
+        block = (bp if full_p else 1, shape[1], bq if full_q else 1)
+        return pl.BlockSpec(block, lambda i, j: (i if full_p else 0, 0, j if full_q else 0))
+
+    shapes = [jax.ShapeDtypeStruct((P, rows, Q), dtype) for rows, dtype in out_shapes]
+    return pl.pallas_call(
+        lambda *refs: kernel(*refs, tiles=tiles, P=P, Q=Q),
+        out_shape=tuple(shapes),
+        grid=(pl.cdiv(P, bp), pl.cdiv(Q, bq)),
+        in_specs=[spec(x.shape) for x in operands],
+        out_specs=tuple(spec(s.shape) for s in shapes),
+        interpret=interpret,
+        compiler_params=compiler_params(tiles) if compiler_params else None,
+        name=name,
+    )(*operands)

@@ -1,0 +1,193 @@
+"""`recurrence_p`: h[t] = act(a[t]*h[t-1] + x[t]) along an axis, as a JAX primitive.
+
+Operands `a`, `x`, `h0` share one rank and broadcast together; `h0` has size 1 along `axis`.
+Params: `axis`, `reverse` (run from the end: h[t] = act(a[t]*h[t+1] + x[t])), `shifted` (the
+state is multiplied by `a` at the previous step's index, zero at the first step: what the
+transpose of a linear recurrence runs), `activation` (None for the linear recurrence, else an
+elementwise function), `final_only` (return only the last state, shape 1 along `axis`),
+`backend` (None = per platform, see `_backend.py`).
+
+Differentiation (never through the loop):
+- JVP, linear: h' = recurrence(a, x' + a' * h_prev, h0') with the same kernel;
+  nonlinear: with d = act'(pre), h' = recurrence(d * a, d * (x' + a' * h_prev), h0'), a linear
+  recurrence, so reverse mode and second order come from the linear rules.
+- Transpose (linear, w.r.t. x and h0): the reverse-time recurrence
+  dh[t] = g[t] + a[t+1]*dh[t+1] (the same kernel, `shifted`), and h0_bar = a[first]*dh[first].
+  The cotangent of `a` (dh[t] * h[t-1]) follows from the JVP's elementwise product.
+- Batching adds a batch dimension and shifts `axis`, as for the tridiagonal solve.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from . import _backend, _bands, _layout
+from ._primitive import ShapedArray
+
+recurrence_p = Primitive("tridiax_recurrence")
+
+
+@functools.cache
+def _compiled(**params):
+    return jax.jit(functools.partial(recurrence_p.bind, **params))
+
+
+def _impl(*operands, **params):
+    return _compiled(**params)(*operands)
+
+
+recurrence_p.def_impl(_impl)
+
+
+def _full_shape(a, x, h0, axis):
+    shape = [max(s) if 0 not in s else 0 for s in zip(a, x, h0, strict=True)]
+    shape[axis] = max(a[axis], x[axis])
+    return tuple(shape)
+
+
+@recurrence_p.def_abstract_eval
+def _abstract_eval(a, x, h0, *, axis, final_only, **_):
+    shape = list(_full_shape(a.shape, x.shape, h0.shape, axis))
+    if final_only:
+        shape[axis] = 1
+    return ShapedArray(tuple(shape), x.dtype)
+
+
+def _lowering(platform: str):
+    def run(a, x, h0, *, axis, reverse, shifted, activation, final_only, backend):
+        full = _full_shape(a.shape, x.shape, h0.shape, axis)
+        out = list(full)
+        if final_only:
+            out[axis] = 1
+        if 0 in full:
+            return jnp.zeros(out, x.dtype)
+        backend = backend or _backend.default_backend(platform, x.dtype, op="recurrence")
+        views = [_layout.to_pnq(v, axis, full if v is not h0 else full[:axis] + (1,) + full[axis + 1:])
+                 for v in (a, x, h0)]
+        h = _backend.recurrence_runner(backend)(
+            *views, reverse=reverse, shifted=shifted, activation=activation, final_only=final_only,
+            out_dtype=x.dtype)
+        return h.reshape(out)
+
+    return mlir.lower_fun(run, multiple_results=False)
+
+
+for _platform in ("cpu", "cuda", "rocm", "tpu"):
+    mlir.register_lowering(recurrence_p, _lowering(_platform), platform=_platform)
+
+
+def _along(x, axis, n):
+    shape = list(jnp.shape(x))
+    shape[axis] = n
+    return jnp.broadcast_to(x, shape)
+
+
+def _first_index(T, reverse):
+    return T - 1 if reverse else 0
+
+
+def previous_states(h, h0, *, axis, reverse):
+    """The state each step multiplies: h[t-1] (h[t+1] when `reverse`), h0 at the first step."""
+    T = h.shape[axis]
+    step = -1 if reverse else 1
+    first = _along(h0, axis, 1).astype(h.dtype)
+    config = [(0, 0, 0)] * h.ndim
+    config[axis] = (T - 1, 0, 0) if reverse else (0, T - 1, 0)
+    first = jax.lax.pad(jnp.broadcast_to(first, h.shape[:axis] + (1,) + h.shape[axis + 1:]),
+                        jnp.zeros((), h.dtype), config)
+    return _bands.shift(h, step, axis) + first
+
+
+def _coefficients(a, T, *, axis, reverse, shifted):
+    """a as applied at each step: a[t], or a at the previous step's index (zero first)."""
+    if not shifted:
+        return a
+    return _bands.shift(_along(a, axis, T), -1 if reverse else 1, axis)
+
+
+def _last_state(h, axis, reverse):
+    T = h.shape[axis]
+    return jax.lax.slice_in_dim(h, _first_index(T, not reverse), _first_index(T, not reverse) + 1,
+                                axis=axis)
+
+
+def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, backend):
+    a, x, h0 = primals
+    a_t, x_t, h0_t = (None if type(t) is ad.Zero else t for t in tangents)
+    params = dict(axis=axis, reverse=reverse, backend=backend)
+    linear = activation is None
+    need_sequence = not linear or a_t is not None
+    T = max(a.shape[axis], x.shape[axis])
+    if need_sequence:
+        h_seq = recurrence_p.bind(a, x, h0, shifted=shifted, activation=activation,
+                                  final_only=False, **params)
+        h = _last_state(h_seq, axis, reverse) if final_only else h_seq
+        h_prev = previous_states(h_seq, h0, axis=axis, reverse=reverse)
+    else:
+        h = recurrence_p.bind(a, x, h0, shifted=shifted, activation=activation,
+                              final_only=final_only, **params)
+    inputs = [] if x_t is None else [x_t]
+    if a_t is not None:
+        inputs.append(_coefficients(a_t, T, axis=axis, reverse=reverse, shifted=shifted) * h_prev)
+    if not inputs and h0_t is None:
+        return h, ad.Zero.from_primal_value(h)
+    x_in = functools.reduce(jnp.add, inputs) if inputs else jnp.zeros_like(x)
+    h0_in = jnp.zeros_like(h0) if h0_t is None else h0_t
+    if linear:
+        coefficient = a
+    else:
+        # pre-activation from the stored states: no extra output from the kernel
+        pre = a * h_prev + x
+        slope = jax.jvp(activation, (pre,), (jnp.ones_like(pre),))[1]
+        coefficient, x_in = slope * a, slope * x_in
+    h_t = recurrence_p.bind(coefficient, x_in, h0_in, shifted=shifted, activation=None,
+                            final_only=final_only, **params)
+    return h, h_t
+
+
+ad.primitive_jvps[recurrence_p] = _jvp
+
+
+def _transpose(h_bar, a, x, h0, *, axis, reverse, shifted, activation, final_only, backend):
+    if activation is not None or ad.is_undefined_primal(a):
+        raise NotImplementedError("only the linear recurrence is linear, and only in x and h0")
+    x_aval = x.aval if ad.is_undefined_primal(x) else x
+    h0_aval = h0.aval if ad.is_undefined_primal(h0) else h0
+    if type(h_bar) is ad.Zero:
+        return None, ad.Zero(x_aval) if ad.is_undefined_primal(x) else None, (
+            ad.Zero(h0_aval) if ad.is_undefined_primal(h0) else None)
+    T = max(a.shape[axis], x_aval.shape[axis])
+    if final_only:  # the cotangent of the last state only
+        config = [(0, 0, 0)] * h_bar.ndim
+        config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
+        h_bar = jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
+    zero_h0 = jnp.zeros((1,) * h_bar.ndim, h_bar.dtype)
+    g = recurrence_p.bind(a, h_bar, zero_h0, axis=axis, reverse=not reverse, shifted=not shifted,
+                          activation=None, final_only=False, backend=backend)
+    x_ct = _bands.unbroadcast(g, x_aval.shape) if ad.is_undefined_primal(x) else None
+    h0_ct = None
+    if ad.is_undefined_primal(h0):
+        if shifted:  # the shifted recurrence multiplies h0 by zero
+            h0_ct = ad.Zero(h0_aval)
+        else:
+            first = _first_index(T, reverse)
+            a_first = jax.lax.slice_in_dim(_along(a, axis, T), first, first + 1, axis=axis)
+            g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
+            h0_ct = _bands.unbroadcast(a_first * g_first, h0_aval.shape)
+    return None, x_ct, h0_ct
+
+
+ad.primitive_transposes[recurrence_p] = _transpose
+
+
+def _batch(operands, dims, *, axis, **params):
+    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
+    return recurrence_p.bind(*moved, axis=axis, **params), bdim
+
+
+batching.primitive_batchers[recurrence_p] = _batch
