@@ -45,6 +45,36 @@ ENTRY_POINTS = {
     "vmap of vjp": (jax.vmap(_vjp_all, in_axes=2, out_axes=2), (100, 1000, 3)),
 }
 
+_recur0 = lambda a, x: tridiax.linear_recurrence(a, x, axis=0)  # noqa: E731
+
+RECURRENCE_ENTRY_POINTS = {
+    "linear": (_recur0, (1000, 100), 1),
+    "linear last axis reverse": (
+        lambda a, x: tridiax.linear_recurrence(a, x, axis=-1, reverse=True), (100, 1000), 1),
+    "linear final_only": (
+        lambda a, x: tridiax.linear_recurrence(a, x, final_only=True), (1000, 100), 1),
+    "linear grad": (jax.grad(lambda a, x: jnp.sum(_recur0(a, x) ** 2), argnums=(0, 1)),
+                    (1000, 100), 2),
+    "linear vmap": (jax.vmap(_recur0, in_axes=1, out_axes=1), (1000, 8, 100), 1),
+    "indrnn relu": (lambda w, z: tridiax.indrnn(w, z), (1000, 100), 1),
+    "indrnn tanh grad": (jax.grad(lambda w, z: jnp.sum(tridiax.indrnn(w, z, activation=jnp.tanh)),
+                                  argnums=(0, 1)), (1000, 100), 2),
+}
+
+
+@pytest.mark.parametrize("name", list(RECURRENCE_ENTRY_POINTS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_recurrences_lower_to_masked_triton_without_transpose(name, dtype):
+    f, shape, kernels_expected = RECURRENCE_ENTRY_POINTS[name]
+    lowered = _lower_cuda(f, jnp.ones(shape, dtype), jnp.ones(shape, dtype))
+    assert "stablehlo.transpose" not in lowered.as_text()
+    kernels = triton_kernels(lowered)
+    assert len(kernels) == kernels_expected
+    for ir in kernels:
+        accesses = _loads_stores(ir)
+        assert accesses  # 100 and 1000 columns: ragged tiles, so every access is masked
+        assert not _unmasked_tile_accesses(ir)
+
 
 @pytest.mark.parametrize("name", list(ENTRY_POINTS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.bfloat16])
@@ -64,6 +94,13 @@ def _loads_stores(ir):
     return [line for line in ir.splitlines() if re.search(r"\btt\.(load|store)\b", line)]
 
 
+def _unmasked_tile_accesses(ir):
+    """Loads/stores without a mask operand, except 1x1 ones (a broadcast operand's only value,
+    always in bounds). tt.load %ptr, %mask[, %other]; tt.store %ptr, %value, %mask."""
+    return [a for a in _loads_stores(ir)
+            if re.search(r"tt\.load %\w+ :|tt\.store %\w+, %\w+ :", a) and "tensor<1x1x" not in a]
+
+
 @pytest.mark.parametrize("shape,axis", [((100, 1000), 0), ((1000, 100), -1), ((3, 100, 7), 1),
                                         ((100, 1), 0), ((1, 100), -1)])
 def test_ragged_tiles_mask_every_load_and_store(shape, axis):
@@ -72,8 +109,7 @@ def test_ragged_tiles_mask_every_load_and_store(shape, axis):
     (ir,) = triton_kernels(_lower_cuda(lambda *a: tridiax.solve_tridiagonal(*a, axis=axis), *args))
     accesses = _loads_stores(ir)
     assert accesses
-    # tt.load %ptr, %mask[, %other] / tt.store %ptr, %value, %mask: a mask adds an operand.
-    unmasked = [a for a in accesses if re.search(r"tt\.load %\w+ :|tt\.store %\w+, %\w+ :", a)]
+    unmasked = _unmasked_tile_accesses(ir)
     if shape in ((100, 1), (1, 100)):
         return  # one system: a tile of size 1 is never ragged
     assert not unmasked, unmasked

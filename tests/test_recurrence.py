@@ -1,0 +1,234 @@
+"""linear_recurrence and indrnn against a NumPy loop and lax.associative_scan, every backend."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_close, backends
+from jax.test_util import check_grads
+
+import tridiax
+from tridiax._recurrence import recurrence
+
+RECURRENCE_BACKENDS = tuple(b for b in backends() if b != "native")
+
+
+def numpy_loop(a, x, axis=0, reverse=False, initial=None, activation=lambda v: v):
+    """Independent reference: a Python loop over time in float64/complex128 NumPy."""
+    a, x = np.broadcast_arrays(np.asarray(a), np.asarray(x))
+    a, x = np.moveaxis(a, axis, 0), np.moveaxis(x, axis, 0)
+    dtype = np.result_type(a, x, np.float64)
+    h = np.zeros(x.shape[1:], dtype) if initial is None else np.broadcast_to(initial, x.shape[1:])
+    out = np.zeros(x.shape, dtype)
+    for t in (range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])):
+        h = activation(a[t] * h + x[t])
+        out[t] = h
+    return np.moveaxis(out, 0, axis)
+
+
+def jax_loop(a, x, initial, reverse=False, activation=lambda v: v):
+    """Differentiable reference along axis 0: a Python loop of jnp ops (short sequences only)."""
+    a = jnp.broadcast_to(a, x.shape)
+    h, out = initial, []
+    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
+    for t in steps:
+        h = activation(a[t] * h + x[t])
+        out.append(h)
+    return jnp.stack(out[::-1] if reverse else out)
+
+
+def problem(shape, dtype=np.float64, seed=0, a_shape=None):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(0.3, 1.0, a_shape or shape)
+    x = rng.standard_normal(shape)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        a = a * np.exp(0.3j * rng.standard_normal(a.shape))
+        x = x + 1j * rng.standard_normal(shape)
+    return a.astype(dtype), x.astype(dtype)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+@pytest.mark.parametrize("T", [1, 15, 63, 300])
+@pytest.mark.parametrize("F", [1, 7, 129])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_matches_numpy_loop(backend, T, F, reverse):
+    a, x = problem((T, F), seed=T * F)
+    h0 = np.random.default_rng(1).standard_normal(F)
+    h = recurrence(a, x, reverse=reverse, initial=h0, backend=backend)
+    assert h.shape == (T, F)
+    assert_close(h, numpy_loop(a, x, reverse=reverse, initial=h0), np.float64)
+    last = recurrence(a, x, reverse=reverse, initial=h0, final_only=True, backend=backend)
+    assert_close(last[0 if not reverse else 0], numpy_loop(a, x, reverse=reverse, initial=h0)[
+        0 if reverse else -1], np.float64)
+
+
+def test_matches_associative_scan():
+    a, x = problem((300, 50), np.float32, seed=2)
+
+    def combine(left, right):
+        return left[0] * right[0], right[0] * left[1] + right[1]
+
+    expected = jax.lax.associative_scan(combine, (jnp.asarray(a), jnp.asarray(x)))[1]
+    assert_close(tridiax.linear_recurrence(a, x), expected, np.float32, factor=5)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+@pytest.mark.parametrize("shape,axis", [((4, 9, 3), 0), ((4, 9, 3), 1), ((4, 9, 3), -1),
+                                        ((2, 3, 17, 5), 2)])
+def test_every_axis_final_only_and_initial(backend, shape, axis):
+    a, x = problem(shape, seed=3)
+    state = shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
+    h0 = np.random.default_rng(4).standard_normal(state)
+    h = recurrence(a, x, axis=axis, initial=h0, backend=backend)
+    expected = numpy_loop(a, x, axis=axis, initial=h0)
+    assert_close(h, expected, np.float64)
+    last = tridiax.linear_recurrence(a, x, axis=axis, initial=h0, final_only=True)
+    assert last.shape == state
+    assert_close(last, np.take(expected, -1, axis=axis), np.float64)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128,
+                                   jnp.float16, jnp.bfloat16])
+def test_dtypes(backend, dtype):
+    if backend.startswith("pallas") and np.issubdtype(np.dtype(dtype), np.complexfloating):
+        with pytest.raises(ValueError, match="does not support complex"):
+            recurrence(*problem((5, 3), dtype), backend=backend)
+        return
+    a, x = problem((40, 33), np.complex128 if np.issubdtype(np.dtype(dtype), np.complexfloating)
+                   else np.float64, seed=5)
+    a, x = jnp.asarray(a, dtype), jnp.asarray(x, dtype)
+    h = recurrence(a, x, backend=backend)
+    assert h.dtype == dtype
+    exact = numpy_loop(np.asarray(a, np.complex128 if np.iscomplexobj(a) else np.float64),
+                       np.asarray(x, np.complex128 if np.iscomplexobj(x) else np.float64))
+    assert_close(h, exact, dtype, factor=5)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+@pytest.mark.parametrize("a_shape", [(7,), (1, 7), (30, 1), (1, 1)])
+def test_decay_broadcasts(backend, a_shape):
+    a, x = problem((30, 7), seed=6, a_shape=a_shape)
+    h = recurrence(a, x, backend=backend)
+    assert h.shape == (30, 7)
+    assert_close(h, numpy_loop(a, x), np.float64)
+
+
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+    "identity": lambda v: v,
+    "custom": lambda v: v / (1 + jnp.abs(v)),
+}
+NUMPY_ACTIVATIONS = {
+    "relu": lambda v: np.maximum(v, 0),
+    "tanh": np.tanh,
+    "identity": lambda v: v,
+    "custom": lambda v: v / (1 + np.abs(v)),
+}
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+@pytest.mark.parametrize("T,F", [(1, 1), (15, 7), (63, 129)])
+def test_indrnn_matches_numpy_loop(backend, name, T, F):
+    rng = np.random.default_rng(T + F)
+    w = rng.uniform(-1, 1, F)
+    z = rng.standard_normal((T, F))
+    h0 = rng.standard_normal(F)
+    h = recurrence(w, z, initial=h0, activation=ACTIVATIONS[name], backend=backend)
+    assert_close(h, numpy_loop(w, z, initial=h0, activation=NUMPY_ACTIVATIONS[name]), np.float64)
+    h_public = tridiax.indrnn(w, z, activation=ACTIVATIONS[name], initial=h0)
+    assert_close(h_public, h, np.float64)
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+@pytest.mark.parametrize("activation", [None, "tanh", "relu"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("final_only", [False, True])
+def test_gradients_match_loop(backend, activation, reverse, final_only):
+    if activation is not None and reverse:
+        return  # indrnn runs forward only
+    act = ACTIVATIONS[activation] if activation else None
+    a, x = (jnp.asarray(v) for v in problem((9, 4), seed=7))
+    h0 = jnp.asarray(np.random.default_rng(8).standard_normal(4))
+
+    def ours(a, x, h0):
+        return recurrence(a, x, reverse=reverse, initial=h0, final_only=final_only,
+                          activation=act, backend=backend)
+
+    def loop(a, x, h0):
+        h = jax_loop(a, x, h0, reverse=reverse, activation=act or (lambda v: v))
+        return h[0 if reverse else -1][None] if final_only else h
+
+    def loss(f):
+        return lambda *args: jnp.sum(jnp.sin(f(*args)) * jnp.arange(1, f(*args).size + 1).reshape(
+            f(*args).shape))
+
+    grads = jax.grad(loss(ours), argnums=(0, 1, 2))(a, x, h0)
+    expected = jax.grad(loss(loop), argnums=(0, 1, 2))(a, x, h0)
+    for g, e in zip(grads, expected, strict=True):
+        assert_close(g, e, np.float64, factor=10)
+    if activation != "relu":  # relu has a kink: finite differences are unreliable there
+        check_grads(ours, (a, x, h0), order=2, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
+def test_gradient_of_shared_decay_and_jvp(backend):
+    a = jnp.asarray(np.random.default_rng(9).uniform(0.3, 0.9, 5))  # (F,) shared over time
+    x = jnp.asarray(np.random.default_rng(10).standard_normal((12, 5)))
+    f = lambda a, x: recurrence(a, x, backend=backend)  # noqa: E731
+    g = lambda a, x: jax_loop(a, x, jnp.zeros(5))  # noqa: E731
+    ga = jax.grad(lambda a: jnp.sum(f(a, x) ** 2))(a)
+    assert ga.shape == (5,)
+    assert_close(ga, jax.grad(lambda a: jnp.sum(g(a, x) ** 2))(a), np.float64, factor=10)
+    tangents = (jnp.ones(5), jnp.ones((12, 5)))
+    assert_close(jax.jvp(f, (a, x), tangents)[1], jax.jvp(g, (a, x), tangents)[1], np.float64)
+
+
+def test_backward_is_one_reverse_recurrence():
+    a, x = jnp.ones((8, 3)), jnp.ones((8, 3))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda a, x: jnp.sum(tridiax.linear_recurrence(a, x)),
+                                    argnums=(0, 1)))(a, x)
+    calls = [e.params for e in jaxpr.jaxpr.eqns if e.primitive.name == "tridiax_recurrence"]
+    assert [(p["reverse"], p["shifted"]) for p in calls] == [(False, False), (True, True)]
+
+
+@pytest.mark.parametrize("in_axes", [0, 1, (None, 1), (1, None)])
+def test_vmap_matches_loop_and_moves_no_data(in_axes):
+    a, x = (jnp.asarray(v) for v in problem((6, 4, 5), seed=11))
+    axes = in_axes if isinstance(in_axes, tuple) else (in_axes, in_axes)
+    bax = next(ax for ax in axes if ax is not None)
+    a = a if axes[0] is not None else jnp.take(a, 0, axis=bax)
+    x = x if axes[1] is not None else jnp.take(x, 0, axis=bax)
+    f = jax.vmap(lambda a, x: tridiax.linear_recurrence(a, x, axis=0), in_axes=in_axes,
+                 out_axes=bax)
+    out = f(a, x)
+    a_full, x_full = jnp.broadcast_arrays(*(jnp.expand_dims(v, bax) if ax is None else v
+                                            for v, ax in zip((a, x), axes, strict=True)))
+    assert_close(out, numpy_loop(a_full, x_full, axis=1 if bax == 0 else 0), np.float64)
+    assert "stablehlo.transpose" not in jax.jit(f).lower(a, x).as_text()
+
+
+def test_errors():
+    x = jnp.ones((5, 3))
+    with pytest.raises(ValueError, match=r"do not broadcast.*a\(4,\).*x\(5, 3\)"):
+        tridiax.linear_recurrence(jnp.ones(4), x)
+    with pytest.raises(ValueError, match=r"initial has shape \(5,\).*state shape \(3,\)"):
+        tridiax.linear_recurrence(jnp.ones(3), x, initial=jnp.ones(5))
+    with pytest.raises(ValueError, match=r"initial has shape \(2, 3\)"):
+        tridiax.linear_recurrence(jnp.ones(3), x, initial=jnp.ones((2, 3)))
+    with pytest.raises(TypeError, match="^x has dtype int32"):
+        tridiax.linear_recurrence(jnp.ones(3), jnp.ones((5, 3), jnp.int32))
+    with pytest.raises(TypeError, match="^initial has dtype int32"):
+        tridiax.linear_recurrence(jnp.ones(3), x, initial=jnp.ones(3, jnp.int32))
+    with pytest.raises(ValueError, match=r"axis 0 has size 0"):
+        tridiax.linear_recurrence(jnp.ones(3), jnp.ones((0, 3)))
+    with pytest.raises(ValueError, match="axis=2 is out of range"):
+        tridiax.linear_recurrence(jnp.ones(3), x, axis=2)
+    with pytest.raises(TypeError, match="^weight_hh has dtype bool"):
+        tridiax.indrnn(jnp.ones(3, bool), x)
+    with pytest.raises(TypeError, match="activation must be an elementwise function"):
+        tridiax.indrnn(jnp.ones(3), x, activation="relu")
+    with pytest.raises(ValueError, match="no native kernel for recurrences"):
+        recurrence(jnp.ones(3), x, backend="native")
