@@ -2,7 +2,7 @@
 
 | name               | what runs                                                    | default for                |
 |--------------------|--------------------------------------------------------------|----------------------------|
-| "native"           | the C++ kernel `_kernels/thomas_cpu.cc` (XLA FFI custom call) | CPU                        |
+| "native"           | the C++ kernels `_kernels/cpu_kernels.cc` (XLA FFI)         | CPU                        |
 | "xla"              | the fori_loop formulation `_kernels/_xla_thomas.py`            | CPU without a C++ compiler,|
 |                    |                                                              | TPU, complex on GPU        |
 | "pallas_triton"    | the Pallas kernel `_kernels/_pallas_thomas.py` through Triton | CUDA and ROCm GPUs         |
@@ -21,17 +21,17 @@ import jax.numpy as jnp
 BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
 
-def default_backend(platform: str, dtype, *, op: str = "thomas") -> str:
+def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas") -> str:
     """The backend used on `platform` ("cpu", "cuda", "rocm", "tpu") for `dtype`.
 
-    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN), which
-    has no native CPU kernel yet: lax.scan-style loops are what it runs on CPU.
+    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN); the
+    native CPU recurrence knows identity, relu and tanh, other activations run the XLA loop.
     """
-    if platform == "cpu" and op == "recurrence":
-        return "xla"
     if platform == "cpu":
         from ._kernels import _native
 
+        if op == "recurrence" and not _native.supports_recurrence(activation, dtype):
+            return "xla"
         return "native" if _native.available() else "xla"
     if platform in ("cuda", "rocm") and not jnp.issubdtype(dtype, jnp.complexfloating):
         # Triton has no complex types; complex systems take the XLA formulation on GPU.
@@ -63,10 +63,10 @@ def _triton_params(tiles):
 
 def recurrence_runner(backend: str):
     """The function running recurrences over (P|1, T|1, Q|1) operands for `backend`."""
-    from ._kernels import _pallas_recurrence, _xla_recurrence
+    from ._kernels import _native, _pallas_recurrence, _xla_recurrence
 
     if backend == "native":
-        raise ValueError("there is no native kernel for recurrences yet; use backend='xla'.")
+        return _native.recurrence_pnq
     if backend == "xla":
         return _xla_recurrence.recurrence_pnq
     if backend == "pallas_interpret":

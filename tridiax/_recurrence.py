@@ -51,7 +51,11 @@ def recurrence(a, x, *, axis=0, reverse=False, initial=None, final_only=False, a
     """The shared entry point of linear_recurrence and indrnn, with a backend override."""
     a, x, h0, axis = _prepare(a, x, initial, names, axis)
     if backend == "native":
-        raise ValueError("there is no native kernel for recurrences yet; use backend='xla'.")
+        from ._kernels._native import supports_recurrence
+
+        if not supports_recurrence(activation, x.dtype):
+            raise ValueError("the native recurrence runs identity, relu and tanh (real dtypes); "
+                             "use backend='xla'.")
     _backend.check_backend(backend, x.dtype)
     return recurrence_p.bind(a, x, h0, axis=axis, reverse=bool(reverse), shifted=False,
                              activation=activation, final_only=bool(final_only), backend=backend)

@@ -66,7 +66,8 @@ def _lowering(platform: str):
             out[axis] = 1
         if 0 in full:
             return jnp.zeros(out, x.dtype)
-        backend = backend or _backend.default_backend(platform, x.dtype, op="recurrence")
+        backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
+                                                      op="recurrence")
         views = [_layout.to_pnq(v, axis, full if v is not h0 else full[:axis] + (1,) + full[axis + 1:])
                  for v in (a, x, h0)]
         h = _backend.recurrence_runner(backend)(

@@ -1,4 +1,4 @@
-"""The C++ CPU kernel (thomas_cpu.cc): built on first use, registered as an XLA FFI target.
+"""The C++ CPU kernels (cpu_kernels.cc): built on first use, registered as XLA FFI targets.
 
 The library is compiled once per machine, source and jax version with the system C++
 compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
@@ -21,11 +21,14 @@ import tempfile
 import warnings
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .._dtypes import compute_dtype
 
-_SOURCE = pathlib.Path(__file__).with_name("thomas_cpu.cc")
-_TARGET = "tridiax_thomas_cpu"
+_SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
+_THOMAS = "tridiax_thomas_cpu"
+_RECURRENCE = "tridiax_recurrence_cpu"
 
 
 def _cpu_flags() -> str:
@@ -53,7 +56,7 @@ def _library_path() -> pathlib.Path:
                     compiler.encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
-    path = cache / f"thomas_cpu-{key}.so"
+    path = cache / f"cpu_kernels-{key}.so"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -73,9 +76,9 @@ def available() -> bool:
         return False
     try:
         library = ctypes.cdll.LoadLibrary(str(_library_path()))
-        jax.ffi.register_ffi_target(
-            _TARGET, jax.ffi.pycapsule(library.TridiaxThomasCpu), platform="cpu"
-        )
+        for target, symbol in ((_THOMAS, library.TridiaxThomasCpu),
+                               (_RECURRENCE, library.TridiaxRecurrenceCpu)):
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
     except (OSError, RuntimeError) as err:
         warnings.warn(
             f"tridiax: the native CPU kernel is unavailable ({err}); using the slower XLA "
@@ -98,5 +101,38 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype):
     cdt = compute_dtype(out_dtype)
     operands = [x.astype(cdt) for x in (l, d, u, b)]
     shape = tuple(max(x.shape[k] for x in operands) for k in range(3))
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, cdt))
+    call = jax.ffi.ffi_call(_THOMAS, jax.ShapeDtypeStruct(shape, cdt))
     return call(*operands, transposed=transposed).astype(out_dtype)
+
+
+def _activation_code(activation) -> int | None:
+    """The kernel's code for a built-in activation; None for one it does not know."""
+    codes = {None: 0, jax.nn.relu: 1, jnp.tanh: 2}
+    try:
+        return codes.get(activation)
+    except TypeError:  # unhashable callable
+        return None
+
+
+def supports_recurrence(activation, dtype) -> bool:
+    """Whether the C++ recurrence runs this activation (identity, relu, tanh) and dtype."""
+    code = _activation_code(activation)
+    return code is not None and (code == 0 or not jnp.issubdtype(dtype, jnp.complexfloating))
+
+
+def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
+                   out_dtype):
+    """Run along axis 1 of (P|1, T|1, Q|1) operands with the C++ kernel (see _xla_recurrence)."""
+    if not available():
+        raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
+    if not supports_recurrence(activation, out_dtype):
+        raise ValueError(f"the native recurrence runs identity, relu and tanh (real dtypes), "
+                         f"not {activation!r}; use backend='xla'.")
+    cdt = compute_dtype(out_dtype)
+    operands = [v.astype(cdt) for v in (a, x, h0)]
+    shape = (max(v.shape[0] for v in operands), 1 if final_only else max(a.shape[1], x.shape[1]),
+             max(v.shape[2] for v in operands))
+    call = jax.ffi.ffi_call(_RECURRENCE, jax.ShapeDtypeStruct(shape, cdt))
+    return call(*operands, reverse=reverse, shifted=shifted,
+                activation=np.int64(_activation_code(activation)),
+                final_only=final_only).astype(out_dtype)

@@ -1,5 +1,8 @@
-// The Thomas algorithm for many systems on CPU, as an XLA FFI custom call.
+// tridiax's CPU kernels, as XLA FFI custom calls: the Thomas algorithm for many tridiagonal
+// systems (TridiaxThomasCpu) and elementwise recurrences h[t] = act(a[t]*h[t-1] + x[t])
+// (TridiaxRecurrenceCpu).
 //
+// Thomas:
 // Same algorithm, band conventions and (P, N, Q) view as the Pallas kernel
 // (_pallas_thomas.py). Each operand is a 3-D array (P|1, N|1, Q|1); a size-1 dimension is
 // broadcast (stride 0), so a matrix shared by every column is read, never copied.
@@ -14,9 +17,12 @@
 // Built on first use by tridiax/_native.py against jax.ffi.include_dir().
 
 #include <algorithm>
+#include <cmath>
 #include <complex>
 #include <cstdint>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -177,24 +183,132 @@ class Solver {
   int64_t w_, tiles_per_line_, tiles_;
 };
 
-template <typename T>
-void Solve(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool transposed) {
-  Solver<T> solver(ops, static_cast<T*>(out), P, N, Q, transposed);
-  const int64_t tiles = solver.tiles();
-  const int64_t scratch_size = solver.scratch_size();
-  // One thread per core, but only when each gets enough work to pay for starting it.
-  const int64_t work = P * N * Q;
+// Share a kernel's tiles out over one thread per core, when each gets enough work to pay for
+// starting it. Kernel: tiles(), scratch_size(), Run(begin, end, scratch).
+template <typename T, typename Kernel>
+void RunTiles(const Kernel& kernel, int64_t work) {
+  const int64_t tiles = kernel.tiles();
   int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
   threads = std::min<int64_t>({threads, tiles, std::max<int64_t>(1, work / (1 << 16))});
   auto run = [&](int64_t id) {
-    std::vector<T> scratch(scratch_size);
+    std::vector<T> scratch(kernel.scratch_size());
     const int64_t begin = tiles * id / threads, end = tiles * (id + 1) / threads;
-    solver.Run(begin, end, scratch.data());
+    kernel.Run(begin, end, scratch.data());
   };
   std::vector<std::thread> pool;
   for (int64_t id = 1; id < threads; ++id) pool.emplace_back(run, id);
   run(0);
   for (auto& th : pool) th.join();
+}
+
+template <typename T>
+void Solve(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool transposed) {
+  RunTiles<T>(Solver<T>(ops, static_cast<T*>(out), P, N, Q, transposed), P * N * Q);
+}
+
+// Recurrence: h[t] = act(c[t]*h[prev] + x[t]) over T steps (reversed when `reverse`), with
+// c[t] = a[t], or, when `shifted`, a at the previous step's index and zero at the first step.
+// A tile is W feature columns, contiguous along Q (W = 512) or N*Q apart along P (W = 16, read
+// with a stride; each cache line serves 16 consecutive steps). The state stays in L1.
+enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
+
+template <typename T>
+class Recurrence {
+ public:
+  Recurrence(const Operand* ops, T* out, int64_t P, int64_t T_, int64_t Q, bool reverse,
+             bool shifted, int64_t activation, bool final_only)
+      : a_(ops[0]), x_(ops[1]), h0_(ops[2]), out_(out), P_(P), T_(T_), Q_(Q), reverse_(reverse),
+        shifted_(shifted), activation_(activation), final_only_(final_only) {
+    along_q_ = Q_ >= 16;
+    w_ = std::min<int64_t>(along_q_ ? 512 : 16, along_q_ ? Q_ : P_);
+    tiles_per_line_ = along_q_ ? (Q_ + w_ - 1) / w_ : (P_ + w_ - 1) / w_;
+    tiles_ = tiles_per_line_ * (along_q_ ? P_ : Q_);
+  }
+
+  int64_t tiles() const { return tiles_; }
+  int64_t scratch_size() const { return 3 * w_; }
+
+  void Run(int64_t begin, int64_t end, T* scratch) const {
+    for (int64_t t = begin; t < end; ++t) RunTile(t, scratch);
+  }
+
+ private:
+  const T* Row(const Operand& op, int64_t t, int64_t p, int64_t q, int64_t w, T* buf) const {
+    const T* src = static_cast<const T*>(op.data) + (op.n == 1 ? 0 : t) * op.sn + p * op.sp +
+                   q * op.sq;
+    const int64_t stride = along_q_ ? op.sq : op.sp;
+    if (stride == 1) return src;
+    if (stride == 0) {
+      std::fill(buf, buf + w, *src);
+    } else {
+      for (int64_t s = 0; s < w; ++s) buf[s] = src[s * stride];
+    }
+    return buf;
+  }
+
+  void Store(int64_t t, int64_t p, int64_t q, int64_t w, const T* h) const {
+    const int64_t rows = final_only_ ? 1 : T_;
+    T* dst = out_ + p * rows * Q_ + t * Q_ + q;
+    if (along_q_) {
+      std::copy(h, h + w, dst);
+    } else {
+      for (int64_t s = 0; s < w; ++s) dst[s * rows * Q_] = h[s];
+    }
+  }
+
+  void RunTile(int64_t tile, T* scratch) const {
+    const int64_t line = tile / tiles_per_line_, first = (tile % tiles_per_line_) * w_;
+    const int64_t p = along_q_ ? line : first, q = along_q_ ? first : line;
+    const int64_t w = std::min(w_, (along_q_ ? Q_ : P_) - first);
+    T* __restrict__ h = scratch;
+    T* abuf = scratch + w_;
+    T* xbuf = abuf + w_;
+    const T* h0 = Row(h0_, 0, p, q, w, xbuf);
+    std::copy(h0, h0 + w, h);
+    for (int64_t k = 0; k < T_; ++k) {
+      const int64_t t = reverse_ ? T_ - 1 - k : k;
+      const T* __restrict__ x = Row(x_, t, p, q, w, xbuf);
+      if (shifted_ && k == 0) {
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) h[s] = x[s];
+      } else {
+        const int64_t ta = shifted_ ? (reverse_ ? t + 1 : t - 1) : t;
+        const T* __restrict__ a = Row(a_, ta, p, q, w, abuf);
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) h[s] = a[s] * h[s] + x[s];
+      }
+      Activate(h, w);
+      if (!final_only_) Store(t, p, q, w, h);
+    }
+    if (final_only_) Store(0, p, q, w, h);
+  }
+
+  void Activate(T* __restrict__ h, int64_t w) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (activation_ == kRelu) {
+        for (int64_t s = 0; s < w; ++s) h[s] = h[s] > T(0) ? h[s] : T(0);
+      } else if (activation_ == kTanh) {
+        for (int64_t s = 0; s < w; ++s) h[s] = std::tanh(h[s]);
+      }
+    }
+  }
+
+  Operand a_, x_, h0_;
+  T* out_;
+  int64_t P_, T_, Q_;
+  bool reverse_, shifted_;
+  int64_t activation_;
+  bool final_only_;
+  bool along_q_;
+  int64_t w_, tiles_per_line_, tiles_;
+};
+
+template <typename T>
+void Recur(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool reverse,
+           bool shifted, int64_t activation, bool final_only) {
+  RunTiles<T>(Recurrence<T>(ops, static_cast<T*>(out), P, N, Q, reverse, shifted, activation,
+                            final_only),
+              P * N * Q);
 }
 
 ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
@@ -216,7 +330,51 @@ ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer 
   return ffi::Error::Success();
 }
 
+ffi::Error RecurrenceImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer h0,
+                          ffi::Result<ffi::AnyBuffer> h, bool reverse, bool shifted,
+                          int64_t activation, bool final_only) {
+  auto dims = h->dimensions();
+  if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, T, Q)");
+  const int64_t P = dims[0], Q = dims[2];
+  const int64_t T = std::max(a.dimensions()[1], x.dimensions()[1]);
+  if (P == 0 || T == 0 || Q == 0) return ffi::Error::Success();
+  if (activation != kIdentity && (h->element_type() == ffi::DataType::C64 ||
+                                  h->element_type() == ffi::DataType::C128)) {
+    return ffi::Error::InvalidArgument("tridiax: activations are for real dtypes");
+  }
+  const Operand ops[3] = {MakeOperand(a), MakeOperand(x), MakeOperand(h0)};
+  void* out = h->untyped_data();
+  const auto args = std::make_tuple(reverse, shifted, activation, final_only);
+  switch (h->element_type()) {
+    case ffi::DataType::F32:
+      std::apply([&](auto... r) { Recur<float>(ops, out, P, T, Q, r...); }, args);
+      break;
+    case ffi::DataType::F64:
+      std::apply([&](auto... r) { Recur<double>(ops, out, P, T, Q, r...); }, args);
+      break;
+    case ffi::DataType::C64:
+      std::apply([&](auto... r) { Recur<std::complex<float>>(ops, out, P, T, Q, r...); }, args);
+      break;
+    case ffi::DataType::C128:
+      std::apply([&](auto... r) { Recur<std::complex<double>>(ops, out, P, T, Q, r...); }, args);
+      break;
+    default: return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceCpu, RecurrenceImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<bool>("reverse")
+                                  .Attr<bool>("shifted")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<bool>("final_only"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, ThomasImpl,
                               ffi::Ffi::Bind()
