@@ -6,6 +6,7 @@ All of it is pads, slices, selects and multiplies: XLA fuses it, and it never tr
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 import jax.numpy as jnp
@@ -19,6 +20,23 @@ def shift(x: Array, k: int, axis: int) -> Array:
     return lax.pad(x, jnp.zeros((), x.dtype), config)
 
 
+def broadcast_along(x: Array, axis: int, n: int) -> Array:
+    """`x` (size 1 along `axis`) repeated n times along `axis`, as a batched outer product.
+
+    Same values as jnp.broadcast_to, but its transpose is a batched matrix-vector product
+    with ones instead of a reduce_sum over `axis`, which XLA:CPU runs 8x slower when `axis`
+    is not the last (measured: 800 ms vs 97 ms for a (1000, 100000) float32 sum over axis 0).
+    That transpose is what reverse mode runs for a coefficient shared along the axis.
+    """
+    shape = jnp.shape(x)
+    if shape[axis] == n:
+        return x
+    P, Q = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
+    ones = jnp.ones((P, n), x.dtype)
+    out = lax.dot_general(ones, jnp.reshape(x, (P, Q)), (((), ()), ((0,), (0,))))  # (P, n, Q)
+    return out.reshape(shape[:axis] + (n,) + shape[axis + 1 :])
+
+
 def matvec(lower, diag, upper, x, *, axis: int, transposed: bool = False) -> Array:
     """A @ x along `axis` for the tridiagonal A with these bands (or A^T when `transposed`).
 
@@ -28,22 +46,16 @@ def matvec(lower, diag, upper, x, *, axis: int, transposed: bool = False) -> Arr
     Only pads and multiplies: no select, whose batching rule would move a vmapped dimension.
     """
     n = x.shape[axis]
-
-    def full_length(band):
-        shape = list(jnp.shape(band))
-        shape[axis] = n
-        return jnp.broadcast_to(band, shape)
-
     terms = []
     if diag is not None:
         terms.append(diag * x)
     if lower is not None:
-        lower = full_length(lower)
+        lower = broadcast_along(lower, axis, n)
         # A: lower[i]*x[i-1] = shift(lower[j+1]*x[j], +1)[i];  A^T: lower[i+1]*x[i+1].
         terms.append(shift(lower * x, -1, axis) if transposed
                      else shift(shift(lower, -1, axis) * x, 1, axis))
     if upper is not None:
-        upper = full_length(upper)
+        upper = broadcast_along(upper, axis, n)
         # A: upper[i]*x[i+1] = shift(upper[j-1]*x[j], -1)[i];  A^T: upper[i-1]*x[i-1].
         terms.append(shift(upper * x, 1, axis) if transposed
                      else shift(shift(upper, 1, axis) * x, -1, axis))

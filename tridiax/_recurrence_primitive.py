@@ -82,12 +82,6 @@ for _platform in ("cpu", "cuda", "rocm", "tpu"):
     mlir.register_lowering(recurrence_p, _lowering(_platform), platform=_platform)
 
 
-def _along(x, axis, n):
-    shape = list(jnp.shape(x))
-    shape[axis] = n
-    return jnp.broadcast_to(x, shape)
-
-
 def _first_index(T, reverse):
     return T - 1 if reverse else 0
 
@@ -96,7 +90,7 @@ def previous_states(h, h0, *, axis, reverse):
     """The state each step multiplies: h[t-1] (h[t+1] when `reverse`), h0 at the first step."""
     T = h.shape[axis]
     step = -1 if reverse else 1
-    first = _along(h0, axis, 1).astype(h.dtype)
+    first = h0.astype(h.dtype)  # size 1 along axis
     config = [(0, 0, 0)] * h.ndim
     config[axis] = (T - 1, 0, 0) if reverse else (0, T - 1, 0)
     first = jax.lax.pad(jnp.broadcast_to(first, h.shape[:axis] + (1,) + h.shape[axis + 1:]),
@@ -106,9 +100,8 @@ def previous_states(h, h0, *, axis, reverse):
 
 def _coefficients(a, T, *, axis, reverse, shifted):
     """a as applied at each step: a[t], or a at the previous step's index (zero first)."""
-    if not shifted:
-        return a
-    return _bands.shift(_along(a, axis, T), -1 if reverse else 1, axis)
+    a = _bands.broadcast_along(a, axis, T)
+    return _bands.shift(a, -1 if reverse else 1, axis) if shifted else a
 
 
 def _last_state(h, axis, reverse):
@@ -177,7 +170,8 @@ def _transpose(h_bar, a, x, h0, *, axis, reverse, shifted, activation, final_onl
             h0_ct = ad.Zero(h0_aval)
         else:
             first = _first_index(T, reverse)
-            a_first = jax.lax.slice_in_dim(_along(a, axis, T), first, first + 1, axis=axis)
+            a_index = first if a.shape[axis] > 1 else 0
+            a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
             g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
             h0_ct = _bands.unbroadcast(a_first * g_first, h0_aval.shape)
     return None, x_ct, h0_ct
