@@ -20,3 +20,11 @@ def test_python_dash_m_tridiax():
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "(ok)" in result.stdout and "backend:" in result.stdout
+
+
+def test_readme_code_blocks_run():
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    assert len(blocks) >= 2
+    for block in blocks:
+        subprocess.run([sys.executable, "-c", block], check=True, capture_output=True, text=True)
