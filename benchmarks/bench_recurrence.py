@@ -19,27 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import timed  # benchmarks/ is on sys.path when run as a script
 from jax.experimental import pallas as pl
 
 import tridiax
-
-
-def timed(fn, *args, repeats):
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best, compile_s, compiled
 
 
 def scan_indrnn(w, z):

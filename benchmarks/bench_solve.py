@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import timed  # benchmarks/ is on sys.path when run as a script
 
 import tridiax
 from tridiax import verify
@@ -28,19 +28,6 @@ from tridiax._solve import solve
 
 # Published peak memory bandwidth (bytes/s) of the GPUs this project is measured on.
 PEAK_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
-
-
-def timed(fn, *args, repeats):
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best, compile_s, compiled
 
 
 def problem(n, batch, axis, dtype, seed=0):

@@ -1,0 +1,19 @@
+"""Timing shared by the benchmarks: compile once, warm up, take the minimum of repeats."""
+
+import time
+
+import jax
+
+
+def timed(fn, *args, repeats):
+    """(best seconds, compile seconds, compiled function) for `jax.jit(fn)(*args)`."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(compiled(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best, compile_s, compiled
