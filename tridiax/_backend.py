@@ -1,14 +1,16 @@
 """Which implementation runs where: the one place that chooses a backend.
 
-| name               | what runs                                                    | default for                |
-|--------------------|--------------------------------------------------------------|----------------------------|
-| "native"           | the C++ kernels `_kernels/cpu_kernels.cc` (XLA FFI)         | CPU                        |
-| "xla"              | the fori_loop formulation `_kernels/_xla_thomas.py`            | CPU without a C++ compiler,|
-|                    |                                                              | TPU, complex on GPU        |
-| "pallas_triton"    | the Pallas kernel `_kernels/_pallas_thomas.py` through Triton | CUDA and ROCm GPUs         |
-| "pallas_interpret" | the same Pallas kernel in interpret mode (tests, debugging)  | never                      |
+| name               | what runs                                          | default for                 |
+|--------------------|----------------------------------------------------|-----------------------------|
+| "native"           | C++ kernels `_kernels/cpu_kernels.cc` (XLA FFI)    | CPU (recurrences: identity, |
+|                    |                                                    | relu and tanh activations)  |
+| "xla"              | fori_loop formulations `_kernels/_xla_*.py`        | CPU without a C++ compiler, |
+|                    |                                                    | other activations, TPU,     |
+|                    |                                                    | complex on GPU              |
+| "pallas_triton"    | Pallas kernels `_kernels/_pallas_*.py` via Triton  | CUDA and ROCm GPUs          |
+| "pallas_interpret" | the same Pallas kernels in interpret mode (tests)  | never                       |
 
-All four run the same algorithm with the same conventions and agree to rounding.
+All four run the same algorithms with the same conventions and agree to rounding.
 Mosaic GPU and Mosaic TPU kernels slot in here as further names.
 """
 
