@@ -68,11 +68,11 @@ def _lowering(platform: str):
             return jnp.zeros(out, x.dtype)
         backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
                                                       op="recurrence")
-        views = [_layout.to_pnq(v, axis, full if v is not h0 else full[:axis] + (1,) + full[axis + 1:])
-                 for v in (a, x, h0)]
+        state = full[:axis] + (1,) + full[axis + 1 :]
         h = _backend.recurrence_runner(backend)(
-            *views, reverse=reverse, shifted=shifted, activation=activation, final_only=final_only,
-            out_dtype=x.dtype)
+            _layout.to_pnq(a, axis, full), _layout.to_pnq(x, axis, full),
+            _layout.to_pnq(h0, axis, state), reverse=reverse, shifted=shifted,
+            activation=activation, final_only=final_only, out_dtype=x.dtype)
         return h.reshape(out)
 
     return mlir.lower_fun(run, multiple_results=False)
