@@ -110,6 +110,27 @@ def _last_state(h, axis, reverse):
                                 axis=axis)
 
 
+def _slope_from_output():
+    # Activations whose derivative is a function of their output: the backward then reads
+    # only the stored states, not the inputs again.
+    return {
+        jax.nn.relu: lambda h: (h > 0).astype(h.dtype),
+        jnp.tanh: lambda h: 1 - h * h,
+    }
+
+
+def _slope(activation, h, pre):
+    """activation'(pre-activation), from the output h where possible, else from pre()."""
+    try:
+        from_output = _slope_from_output().get(activation)
+    except TypeError:  # unhashable callable
+        from_output = None
+    if from_output is not None:
+        return from_output(h)
+    pre = pre()  # recomputed from the stored states: no extra output from the kernel
+    return jax.jvp(activation, (pre,), (jnp.ones_like(pre),))[1]
+
+
 def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, backend):
     a, x, h0 = primals
     a_t, x_t, h0_t = (None if type(t) is ad.Zero else t for t in tangents)
@@ -135,9 +156,7 @@ def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, b
     if linear:
         coefficient = a
     else:
-        # pre-activation from the stored states: no extra output from the kernel
-        pre = a * h_prev + x
-        slope = jax.jvp(activation, (pre,), (jnp.ones_like(pre),))[1]
+        slope = _slope(activation, h_seq, lambda: a * h_prev + x)
         coefficient, x_in = slope * a, slope * x_in
     h_t = recurrence_p.bind(coefficient, x_in, h0_in, shifted=shifted, activation=None,
                             final_only=final_only, **params)
