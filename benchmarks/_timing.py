@@ -17,3 +17,9 @@ def timed(fn, *args, repeats):
         jax.block_until_ready(compiled(*args))
         best = min(best, time.perf_counter() - t0)
     return best, compile_s, compiled
+
+
+def cell(value, spec):
+    """`value` formatted with `spec` (e.g. ">10.1e"), or a dash where nothing was measured."""
+    width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit()) or "0"
+    return format(value, spec) if value == value else format("-", ">" + width)

@@ -23,7 +23,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import timed  # benchmarks/ is on sys.path when run as a script
+from _timing import cell, timed  # benchmarks/ is on sys.path when run as a script
 from jax.experimental import pallas as pl
 
 import tridiax
@@ -112,8 +112,9 @@ def run(args):
                 t_bwd = float("nan")
             else:
                 t_bwd, _, _ = timed(with_grad(fn), w, z, repeats=args.repeats)
-            print(f"{F:>7} {name:<30}{t_fwd * 1e3:>9.2f}{t_bwd * 1e3:>12.2f}{c_fwd:>11.2f}"
-                  f"{err:>9.1e}{t_fwd / floor:>12.2f}x{t_bwd / t_fwd:>14.2f}x")
+            print(f"{F:>7} {name:<30}{t_fwd * 1e3:>9.2f}{cell(t_bwd * 1e3, '>12.2f')}"
+                  f"{c_fwd:>11.2f}{cell(err, '>9.1e')}{t_fwd / floor:>12.2f}x"
+                  f"{cell(t_bwd / t_fwd, '>14.2f')}")
 
     print(f"compile time (F = {args.F[0]}): python loop under jit vs tridiax, growing T")
     for T in args.loop_T:

@@ -20,7 +20,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import timed  # benchmarks/ is on sys.path when run as a script
+from _timing import cell, timed  # benchmarks/ is on sys.path when run as a script
 
 import tridiax
 from tridiax import verify
@@ -93,7 +93,7 @@ def run(args):
             err = check(compiled(*data), data, axis) if "solve" in name or name.startswith(
                 "tridiax") and "grad" not in name else float("nan")
             times[name] = t
-            print(f"{layout:<16}{name:<22}{t * 1e3:>9.2f}{c:>11.2f}{err:>10.1e}"
+            print(f"{layout:<16}{name:<22}{t * 1e3:>9.2f}{c:>11.2f}{cell(err, '>10.1e')}"
                   f"{t / times['tridiax']:>11.2f}x")
         ref = times["tridiax"]
         if "lax.tridiagonal_solve" in times:

@@ -27,9 +27,9 @@ def simulate(diag, lower, upper, u0, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=128)
-    parser.add_argument("--rods", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--n", type=int, default=128, help="points per rod (default 128)")
+    parser.add_argument("--rods", type=int, default=4096, help="number of rods (default 4096)")
+    parser.add_argument("--steps", type=int, default=50, help="implicit steps (default 50)")
     args = parser.parse_args()
     jax.config.update("jax_enable_x64", True)
 

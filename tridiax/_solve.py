@@ -86,7 +86,7 @@ def prepare_operands(values: Sequence, names: Sequence[str], axis) -> tuple[list
     for name, x in zip(names, arrays, strict=True):
         if not is_supported(x.dtype):
             raise TypeError(
-                f"{name} has dtype {x.dtype}; tridiax solves floating-point or complex systems "
+                f"{name} has dtype {x.dtype}; tridiax works on floating-point or complex arrays "
                 f"(float16, bfloat16, float32, float64, complex64, complex128). Cast it first, "
                 f"e.g. {name}.astype(jnp.float32)."
             )
