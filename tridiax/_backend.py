@@ -63,31 +63,22 @@ def _triton_params(tiles):
     return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1)
 
 
-def recurrence_runner(backend: str):
-    """The function running recurrences over (P|1, T|1, Q|1) operands for `backend`."""
-    from ._kernels import _native, _pallas_recurrence, _xla_recurrence
+def kernel(op: str, backend: str):
+    """The function running `op` ("thomas" or "recurrence") on (P|1, N|1, Q|1) operands.
 
+    Every backend's module names its entry points alike: `solve_pnq` for the Thomas
+    algorithm, `recurrence_pnq` for recurrences.
+    """
+    from ._kernels import _native, _pallas_recurrence, _pallas_thomas, _xla_recurrence, _xla_thomas
+
+    entry = {"thomas": "solve_pnq", "recurrence": "recurrence_pnq"}[op]
+    pallas = {"thomas": _pallas_thomas, "recurrence": _pallas_recurrence}[op]
     if backend == "native":
-        return _native.recurrence_pnq
+        return getattr(_native, entry)
     if backend == "xla":
-        return _xla_recurrence.recurrence_pnq
+        return getattr({"thomas": _xla_thomas, "recurrence": _xla_recurrence}[op], entry)
     if backend == "pallas_interpret":
-        return functools.partial(_pallas_recurrence.recurrence_pnq, interpret=True)
+        return functools.partial(getattr(pallas, entry), interpret=True)
     if backend == "pallas_triton":
-        return functools.partial(_pallas_recurrence.recurrence_pnq, compiler_params=_triton_params)
-    raise ValueError(f"unknown backend {backend!r}")
-
-
-def thomas_solver(backend: str):
-    """The function solving (P|1, N|1, Q|1) operands along axis 1 for `backend`."""
-    from ._kernels import _native, _pallas_thomas, _xla_thomas
-
-    if backend == "native":
-        return _native.solve_pnq
-    if backend == "xla":
-        return _xla_thomas.solve_pnq
-    if backend == "pallas_interpret":
-        return functools.partial(_pallas_thomas.solve_pnq, interpret=True)
-    if backend == "pallas_triton":
-        return functools.partial(_pallas_thomas.solve_pnq, compiler_params=_triton_params)
+        return functools.partial(getattr(pallas, entry), compiler_params=_triton_params)
     raise ValueError(f"unknown backend {backend!r}")

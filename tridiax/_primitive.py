@@ -67,7 +67,7 @@ def _lowering(platform: str):
             return jnp.zeros(full, rhs.dtype)
         backend = backend or _backend.default_backend(platform, rhs.dtype)
         views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper, rhs)]
-        x = _backend.thomas_solver(backend)(*views, transposed=transposed, out_dtype=rhs.dtype)
+        x = _backend.kernel("thomas", backend)(*views, transposed=transposed, out_dtype=rhs.dtype)
         return x.reshape(full)
 
     return mlir.lower_fun(solve, multiple_results=False)

@@ -69,7 +69,7 @@ def _lowering(platform: str):
         backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
                                                       op="recurrence")
         state = full[:axis] + (1,) + full[axis + 1 :]
-        h = _backend.recurrence_runner(backend)(
+        h = _backend.kernel("recurrence", backend)(
             _layout.to_pnq(a, axis, full), _layout.to_pnq(x, axis, full),
             _layout.to_pnq(h0, axis, state), reverse=reverse, shifted=shifted,
             activation=activation, final_only=final_only, out_dtype=x.dtype)
