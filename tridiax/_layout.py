@@ -16,7 +16,13 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
+
+
+def broadcast_shape(*arrays) -> tuple[int, ...]:
+    """The shape the operands broadcast to (they are known to be compatible)."""
+    return tuple(np.broadcast_shapes(*(x.shape for x in arrays)))
 
 
 def _group_size(dims: tuple[int, ...], full: tuple[int, ...]) -> int | None:

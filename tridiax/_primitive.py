@@ -49,20 +49,16 @@ def _impl(*operands, axis, transposed, backend):
 tridiagonal_solve_p.def_impl(_impl)
 
 
-def _out_shape(*shapes) -> tuple[int, ...]:
-    return tuple(max(dims) if 0 not in dims else 0 for dims in zip(*shapes, strict=True))
-
-
 @tridiagonal_solve_p.def_abstract_eval
 def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend):
     del transposed, backend
-    shape = _out_shape(lower.shape, diag.shape, upper.shape, rhs.shape)
+    shape = _layout.broadcast_shape(lower, diag, upper, rhs)
     return ShapedArray(shape, rhs.dtype)
 
 
 def _lowering(platform: str):
     def solve(lower, diag, upper, rhs, *, axis, transposed, backend):
-        full = _out_shape(lower.shape, diag.shape, upper.shape, rhs.shape)
+        full = _layout.broadcast_shape(lower, diag, upper, rhs)
         if 0 in full:
             return jnp.zeros(full, rhs.dtype)
         backend = backend or _backend.default_backend(platform, rhs.dtype)

@@ -44,31 +44,25 @@ def _impl(*operands, **params):
 recurrence_p.def_impl(_impl)
 
 
-def _full_shape(a, x, h0, axis):
-    shape = [max(s) if 0 not in s else 0 for s in zip(a, x, h0, strict=True)]
-    shape[axis] = max(a[axis], x[axis])
-    return tuple(shape)
+def _out_shape(full, axis, final_only):
+    return full[:axis] + (1,) + full[axis + 1 :] if final_only else full
 
 
 @recurrence_p.def_abstract_eval
 def _abstract_eval(a, x, h0, *, axis, final_only, **_):
-    shape = list(_full_shape(a.shape, x.shape, h0.shape, axis))
-    if final_only:
-        shape[axis] = 1
-    return ShapedArray(tuple(shape), x.dtype)
+    full = _layout.broadcast_shape(a, x, h0)  # h0 has size 1 along axis
+    return ShapedArray(_out_shape(full, axis, final_only), x.dtype)
 
 
 def _lowering(platform: str):
     def run(a, x, h0, *, axis, reverse, shifted, activation, final_only, backend):
-        full = _full_shape(a.shape, x.shape, h0.shape, axis)
-        out = list(full)
-        if final_only:
-            out[axis] = 1
+        full = _layout.broadcast_shape(a, x, h0)
+        out = _out_shape(full, axis, final_only)
         if 0 in full:
             return jnp.zeros(out, x.dtype)
         backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
                                                       op="recurrence")
-        state = full[:axis] + (1,) + full[axis + 1 :]
+        state = _out_shape(full, axis, True)
         h = _backend.kernel("recurrence", backend)(
             _layout.to_pnq(a, axis, full), _layout.to_pnq(x, axis, full),
             _layout.to_pnq(h0, axis, state), reverse=reverse, shifted=shifted,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._dtypes import compute_dtype
+from .._layout import broadcast_shape
 
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
 _THOMAS = "tridiax_thomas_cpu"
@@ -100,7 +101,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype):
         raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
     cdt = compute_dtype(out_dtype)
     operands = [x.astype(cdt) for x in (l, d, u, b)]
-    shape = tuple(max(x.shape[k] for x in operands) for k in range(3))
+    shape = broadcast_shape(*operands)
     call = jax.ffi.ffi_call(_THOMAS, jax.ShapeDtypeStruct(shape, cdt))
     return call(*operands, transposed=transposed).astype(out_dtype)
 
@@ -130,8 +131,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
                          f"not {activation!r}; use backend='xla'.")
     cdt = compute_dtype(out_dtype)
     operands = [v.astype(cdt) for v in (a, x, h0)]
-    shape = (max(v.shape[0] for v in operands), 1 if final_only else max(a.shape[1], x.shape[1]),
-             max(v.shape[2] for v in operands))
+    P, T, Q = broadcast_shape(*operands)  # h0 has T = 1
+    shape = (P, 1 if final_only else T, Q)
     call = jax.ffi.ffi_call(_RECURRENCE, jax.ShapeDtypeStruct(shape, cdt))
     return call(*operands, reverse=reverse, shifted=shifted,
                 activation=np.int64(_activation_code(activation)),

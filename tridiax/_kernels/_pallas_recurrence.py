@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._dtypes import compute_dtype
+from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
 
 
@@ -44,7 +45,7 @@ def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, reverse, shifted, acti
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
                    out_dtype, interpret: bool = False, tiles=None, compiler_params=None):
     """Run along axis 1 of (P|1, T|1, Q|1) operands; see `_xla_recurrence.recurrence_pnq`."""
-    T = max(a.shape[1], x.shape[1])
+    T = broadcast_shape(a, x, h0)[1]  # h0 has T = 1
     kernel = functools.partial(_recurrence_kernel, T=T, reverse=reverse, shifted=shifted,
                                activation=activation, final_only=final_only)
     rows = 1 if final_only else T

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._dtypes import compute_dtype
+from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
 
 
@@ -61,7 +62,7 @@ def _thomas_kernel(l_ref, d_ref, u_ref, b_ref, x_ref, c_ref, *scratch, n, transp
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret: bool = False, tiles=None,
               compiler_params=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands with the Pallas kernel; returns (P, N, Q)."""
-    N = max(x.shape[1] for x in (l, d, u, b))
+    N = broadcast_shape(l, d, u, b)[1]
     cdt = compute_dtype(out_dtype)
     outs = [(N, out_dtype), (N, cdt)]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):

@@ -17,6 +17,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .._layout import broadcast_shape
+
 
 def _next_power_of_2(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
@@ -91,8 +93,7 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
     `out_shapes` are (rows, dtype) pairs; every output is (P, rows, Q). `compiler_params`, if
     given, maps the tiles to the backend's CompilerParams.
     """
-    P = max(x.shape[0] for x in operands)
-    Q = max(x.shape[2] for x in operands)
+    P, _, Q = broadcast_shape(*operands)
     tiles = tiles or Tiles.default(P, Q)
     bp, bq = tiles.bp, tiles.bq
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._dtypes import compute_dtype
+from .._layout import broadcast_shape
 
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
@@ -22,8 +23,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     unshifted recurrence). Returns (P, T, Q), or (P, 1, Q) with the last state when `final_only`.
     """
     cdt = compute_dtype(out_dtype)
-    T = max(a.shape[1], x.shape[1])
-    shape = tuple(max(v.shape[k] for v in (a, x, h0)) for k in (0, 2))
+    P, T, Q = broadcast_shape(a, x, h0)  # h0 has T = 1
+    shape = (P, Q)
     act = activation or (lambda v: v)
 
     def row(v, t):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from .._dtypes import compute_dtype
+from .._layout import broadcast_shape
 
 
 def _row(x: Array, i, axis: int, dtype) -> Array:
@@ -33,10 +34,8 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype) -> Array:
     when `transposed`, the transposed matrix: sub[i] = u[i-1], sup[i] = l[i+1].
     """
     cdt = compute_dtype(out_dtype)
-    n = max(x.shape[axis] for x in (l, d, u, b))
-    shapes = [x.shape for x in (l, d, u, b)]
-    full = tuple(max(s[k] for s in shapes) for k in range(len(shapes[0])))
-    full = full[:axis] + (n,) + full[axis + 1 :]
+    full = broadcast_shape(l, d, u, b)
+    n = full[axis]
 
     def row(x, i):
         return _row(x, i, axis, cdt)
@@ -90,9 +89,7 @@ _CHUNK_VALUES = 2048
 
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype) -> Array:
     """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q)."""
-    P = max(x.shape[0] for x in (l, d, u, b))
-    Q = max(x.shape[2] for x in (l, d, u, b))
-    N = max(x.shape[1] for x in (l, d, u, b))
+    P, N, Q = broadcast_shape(l, d, u, b)
     if Q >= _STRIDED_ROW_LIMIT or P == 1:
         return sweep(l, d, u, b, axis=1, transposed=transposed, out_dtype=out_dtype)
 
