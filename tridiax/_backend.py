@@ -46,13 +46,20 @@ def supports(backend: str, dtype) -> bool:
     return not (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating))
 
 
-def check_backend(backend: str | None, dtype) -> None:
+def check_backend(backend: str | None, dtype, *, activation=None) -> None:
+    """Raise ValueError for a backend override that cannot run this dtype (or activation)."""
     if backend is None:
         return
     if backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
     if not supports(backend, dtype):
         raise ValueError(f"backend {backend!r} does not support {jnp.dtype(dtype)}; use 'xla'.")
+    if backend == "native" and activation is not None:
+        from ._kernels import _native
+
+        if not _native.supports_recurrence(activation, dtype):
+            raise ValueError("the native recurrence runs identity, relu and tanh (real dtypes), "
+                             f"not {activation!r}; use backend='xla'.")
 
 
 def _triton_params(tiles):

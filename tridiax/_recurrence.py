@@ -50,13 +50,7 @@ def recurrence(a, x, *, axis=0, reverse=False, initial=None, final_only=False, a
                backend=None, names=("a", "x")):
     """The shared entry point of linear_recurrence and indrnn, with a backend override."""
     a, x, h0, axis = _prepare(a, x, initial, names, axis)
-    if backend == "native":
-        from ._kernels._native import supports_recurrence
-
-        if not supports_recurrence(activation, x.dtype):
-            raise ValueError("the native recurrence runs identity, relu and tanh (real dtypes); "
-                             "use backend='xla'.")
-    _backend.check_backend(backend, x.dtype)
+    _backend.check_backend(backend, x.dtype, activation=activation)
     return recurrence_p.bind(a, x, h0, axis=axis, reverse=bool(reverse), shifted=False,
                              activation=activation, final_only=bool(final_only), backend=backend)
 
@@ -97,8 +91,9 @@ def indrnn(weight_hh: ArrayLike, z: ArrayLike, *, axis: int = 0,
     - `weight_hh`: the recurrent weights, broadcasting against `z` (shape `(F,)` against
       `z` of shape `(T, F)`).
     - `z`: the input projections `W_ih x_t + b`, time along `axis`.
-    - `activation`: an elementwise function (relu, tanh, identity, your own); its derivative is
-      taken at the pre-activations recomputed from the stored states.
+    - `activation`: an elementwise function (relu, tanh, identity, your own). The backward
+      pass takes the derivative of relu and tanh from the stored outputs, and of any other
+      activation at the pre-activations recomputed from the stored states.
     - `initial`: $h_{-1}$, broadcasting to the state shape; zeros by default.
 
     **Returns:** the states, with the broadcast shape of `weight_hh` and `z`.

@@ -126,9 +126,6 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     """Run along axis 1 of (P|1, T|1, Q|1) operands with the C++ kernel (see _xla_recurrence)."""
     if not available():
         raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
-    if not supports_recurrence(activation, out_dtype):
-        raise ValueError(f"the native recurrence runs identity, relu and tanh (real dtypes), "
-                         f"not {activation!r}; use backend='xla'.")
     cdt = compute_dtype(out_dtype)
     operands = [v.astype(cdt) for v in (a, x, h0)]
     P, T, Q = broadcast_shape(*operands)  # h0 has T = 1
