@@ -35,18 +35,18 @@ except ImportError:  # pragma: no cover
 tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 
 
-@functools.cache
-def _compiled(axis, transposed, backend):
-    return jax.jit(functools.partial(tridiagonal_solve_p.bind, axis=axis, transposed=transposed,
-                                     backend=backend))
+def def_jit_impl(primitive: Primitive) -> None:
+    """Eager calls of `primitive` run its lowering under jit, compiled once per shape and
+    parameters like any jitted function."""
+
+    @functools.cache
+    def compiled(**params):
+        return jax.jit(functools.partial(primitive.bind, **params))
+
+    primitive.def_impl(lambda *operands, **params: compiled(**params)(*operands))
 
 
-def _impl(*operands, axis, transposed, backend):
-    # Eager calls compile once per shape and parameters, like any jitted function.
-    return _compiled(axis, transposed, backend)(*operands)
-
-
-tridiagonal_solve_p.def_impl(_impl)
+def_jit_impl(tridiagonal_solve_p)
 
 
 @tridiagonal_solve_p.def_abstract_eval

@@ -27,21 +27,12 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _backend, _bands, _layout
-from ._primitive import ShapedArray
+from ._primitive import ShapedArray, def_jit_impl
 
 recurrence_p = Primitive("tridiax_recurrence")
 
 
-@functools.cache
-def _compiled(**params):
-    return jax.jit(functools.partial(recurrence_p.bind, **params))
-
-
-def _impl(*operands, **params):
-    return _compiled(**params)(*operands)
-
-
-recurrence_p.def_impl(_impl)
+def_jit_impl(recurrence_p)
 
 
 def _out_shape(full, axis, final_only):
