@@ -37,18 +37,38 @@ def broadcast_along(x: Array, axis: int, n: int) -> Array:
     return out.reshape(shape[:axis] + (n,) + shape[axis + 1 :])
 
 
-def matvec(lower, diag, upper, x, *, axis: int, transposed: bool = False) -> Array:
+def roll(x: Array, k: int, axis: int) -> Array:
+    """out[i] = x[(i - k) mod n] along `axis` (k = +1 or -1): two slices and a concatenate."""
+    n = x.shape[axis]
+    if k == 1:
+        parts = (lax.slice_in_dim(x, n - 1, n, axis=axis), lax.slice_in_dim(x, 0, n - 1, axis=axis))
+    else:
+        parts = (lax.slice_in_dim(x, 1, n, axis=axis), lax.slice_in_dim(x, 0, 1, axis=axis))
+    return lax.concatenate(parts, axis)
+
+
+def matvec(lower, diag, upper, x, *, axis: int, transposed: bool = False,
+           periodic: bool = False) -> Array:
     """A @ x along `axis` for the tridiagonal A with these bands (or A^T when `transposed`).
 
     Row i of A reads lower[i]*x[i-1] + diag[i]*x[i] + upper[i]*x[i+1]; lower[0] and
     upper[-1] are never multiplied, so they are ignored whatever they hold (inf and NaN too).
+    When `periodic`, indices wrap around: lower[0] multiplies x[N-1] and upper[N-1] x[0].
     Operands broadcast; a band given as None is zero (the JVP skips symbolic-zero tangents).
-    Only pads and multiplies: no select, whose batching rule would move a vmapped dimension.
+    Only pads, slices and multiplies: no select, whose batching rule would move a vmapped
+    dimension.
     """
     n = x.shape[axis]
     terms = []
     if diag is not None:
         terms.append(diag * x)
+    if periodic:
+        for band, k in ((lower, 1), (upper, -1)):
+            if band is not None:
+                band = broadcast_along(band, axis, n)
+                # A: band[i]*x[i-k];  A^T: band[i+k]*x[i+k] = roll(band*x, -k)[i].
+                terms.append(roll(band * x, -k, axis) if transposed else band * roll(x, k, axis))
+        return functools.reduce(operator.add, terms)
     if lower is not None:
         lower = broadcast_along(lower, axis, n)
         # A: lower[i]*x[i-1] = shift(lower[j+1]*x[j], +1)[i];  A^T: lower[i+1]*x[i+1].

@@ -13,7 +13,13 @@ Why a primitive rather than custom_vjp/custom_linear_solve around a pallas_call:
 
 Operands: four arrays of one dtype and one rank that broadcast together (`_solve.py` checks
 and arranges this). Params: `axis` (non-negative), `transposed`, `backend` (None = per platform,
-see `_backend.py`).
+see `_backend.py`) and `kind`:
+- "thomas": (lower, diag, upper, rhs), the tridiagonal solve;
+- "periodic": the same operands, with lower[0] and upper[N-1] the corners A[0, N-1] and
+  A[N-1, 0] of a cyclic matrix (N >= 3), by Sherman-Morrison in one sweep;
+- "factored": (l, m, c', rhs), stored factors A = L D V (`_factorization.py`); linear in rhs
+  only here, gradients w.r.t. the bands the factors came from are that module's business.
+The transpose rule is the same for every kind: one solve with `transposed` flipped.
 """
 
 from __future__ import annotations
@@ -50,20 +56,21 @@ def_jit_impl(tridiagonal_solve_p)
 
 
 @tridiagonal_solve_p.def_abstract_eval
-def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend):
-    del transposed, backend
+def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind):
+    del transposed, backend, kind
     shape = _layout.broadcast_shape(lower, diag, upper, rhs)
     return ShapedArray(shape, rhs.dtype)
 
 
 def _lowering(platform: str):
-    def solve(lower, diag, upper, rhs, *, axis, transposed, backend):
+    def solve(lower, diag, upper, rhs, *, axis, transposed, backend, kind):
         full = _layout.broadcast_shape(lower, diag, upper, rhs)
         if 0 in full:
             return jnp.zeros(full, rhs.dtype)
         backend = backend or _backend.default_backend(platform, rhs.dtype)
         views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper, rhs)]
-        x = _backend.kernel("thomas", backend)(*views, transposed=transposed, out_dtype=rhs.dtype)
+        x = _backend.kernel("thomas", backend)(*views, transposed=transposed, out_dtype=rhs.dtype,
+                                               kind=kind)
         return x.reshape(full)
 
     return mlir.lower_fun(solve, multiple_results=False)
@@ -75,9 +82,9 @@ mlir.register_lowering(tridiagonal_solve_p, _lowering("rocm"), platform="rocm")
 mlir.register_lowering(tridiagonal_solve_p, _lowering("tpu"), platform="tpu")
 
 
-def _jvp(primals, tangents, *, axis, transposed, backend):
+def _jvp(primals, tangents, *, axis, transposed, backend, kind):
     lower, diag, upper, rhs = primals
-    params = dict(axis=axis, transposed=transposed, backend=backend)
+    params = dict(axis=axis, transposed=transposed, backend=backend, kind=kind)
     x = tridiagonal_solve_p.bind(lower, diag, upper, rhs, **params)
     lower_t, diag_t, upper_t, rhs_t = (
         None if type(t) is ad.Zero else t for t in tangents
@@ -86,9 +93,12 @@ def _jvp(primals, tangents, *, axis, transposed, backend):
     if rhs_t is not None:
         terms.append(rhs_t)
     if any(t is not None for t in (lower_t, diag_t, upper_t)):
-        terms.append(
-            -_bands.matvec(lower_t, diag_t, upper_t, x, axis=axis, transposed=transposed)
-        )
+        if kind == "factored":
+            raise NotImplementedError(
+                "a factored solve is differentiated through the bands it was made from "
+                "(TridiagonalFactorization.solve), not through its factors")
+        terms.append(-_bands.matvec(lower_t, diag_t, upper_t, x, axis=axis,
+                                    transposed=transposed, periodic=kind == "periodic"))
     if not terms:
         return x, ad.Zero.from_primal_value(x)
     x_t = tridiagonal_solve_p.bind(lower, diag, upper, sum(terms[1:], terms[0]), **params)
@@ -98,13 +108,14 @@ def _jvp(primals, tangents, *, axis, transposed, backend):
 ad.primitive_jvps[tridiagonal_solve_p] = _jvp
 
 
-def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend):
+def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind):
     if any(ad.is_undefined_primal(band) for band in (lower, diag, upper)):
         raise NotImplementedError("the tridiagonal solve is linear in rhs only")
     if type(x_bar) is ad.Zero:
         return None, None, None, ad.Zero(rhs.aval)
     b_bar = tridiagonal_solve_p.bind(
-        lower, diag, upper, x_bar, axis=axis, transposed=not transposed, backend=backend
+        lower, diag, upper, x_bar, axis=axis, transposed=not transposed, backend=backend,
+        kind=kind,
     )
     return None, None, None, _bands.unbroadcast(b_bar, rhs.aval.shape)
 

@@ -69,7 +69,8 @@ def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None
     """`solve_tridiagonal` with a backend override (see `_backend.py`); for tests and modules."""
     operands, axis = prepare_operands((lower, diag, upper, rhs), _NAMES, axis)
     _backend.check_backend(backend, operands[0].dtype)
-    return tridiagonal_solve_p.bind(*operands, axis=axis, transposed=False, backend=backend)
+    return tridiagonal_solve_p.bind(*operands, axis=axis, transposed=False, backend=backend,
+                                    kind="thomas")
 
 
 def prepare_operands(values: Sequence, names: Sequence[str], axis) -> tuple[list[Array], int]:

@@ -91,8 +91,13 @@ def available() -> bool:
     return True
 
 
-def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype):
+_KINDS = {"thomas": 0, "factored": 1, "periodic": 2}
+
+
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas"):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q).
+
+    `kind` is "thomas", "factored" or "periodic", as in `_pallas_thomas.solve_pnq`.
 
     float16/bfloat16 operands are converted to float32 (the kernel computes in float32 or
     wider) and the result rounded back once.
@@ -103,7 +108,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype):
     operands = [x.astype(cdt) for x in (l, d, u, b)]
     shape = broadcast_shape(*operands)
     call = jax.ffi.ffi_call(_THOMAS, jax.ShapeDtypeStruct(shape, cdt))
-    return call(*operands, transposed=transposed).astype(out_dtype)
+    return call(*operands, transposed=transposed, kind=np.int64(_KINDS[kind])).astype(out_dtype)
 
 
 def _activation_code(activation) -> int | None:

@@ -1,10 +1,22 @@
-"""The Thomas algorithm as one Pallas kernel over the (P, N, Q) view (tiles: `_pallas_tiles.py`).
+"""Tridiagonal solves as Pallas kernels over the (P, N, Q) view (tiles: `_pallas_tiles.py`).
 
-Each program walks the N rows of its tile of systems: the forward elimination stores the
-eliminated super-diagonal c' and right-hand side y' one row at a time, then the back
-substitution reads them back in reverse and writes x. Triton has no scratch memory, so c'
-(and y' for half precision, which is eliminated in float32) are extra outputs that the
-launcher drops.
+Each program walks the N rows of its tile of systems: a forward sweep stores one row at a
+time, a backward sweep reads them back in reverse and writes x. Three kinds share the band
+conventions (row i: sub[i]*x[i-1] + d[i]*x[i] + sup[i]*x[i+1] = b[i]; `transposed` reads the
+transposed matrix, sub[i] = u[i-1], sup[i] = l[i+1]):
+
+- "thomas": operands (lower, diag, upper, rhs); elimination stores c' and y'.
+- "factored": operands (l, m, c', rhs), the stored factors A = L D V of `factor_pnq`:
+  y[i] = b[i] - l[i]*y[i-1], then x[i] = m[i]*y[i] - c'[i]*x[i+1]. Transposed, the same
+  sweep reads c'[i-1] and l[i+1], since A^T = V^T D L^T.
+- "periodic": operands (lower, diag, upper, rhs) with lower[0] = A[0, N-1] and upper[N-1] =
+  A[N-1, 0]; Sherman-Morrison with gamma = -d[0]: the tridiagonal part T' (d'[0] = 2 d[0],
+  d'[N-1] = d[N-1] + alpha*beta/d[0]) is eliminated for y and for z = T'^{-1}(gamma, 0, ...,
+  0, beta) in the same sweep, then x = y - (y[0] + kappa*y[N-1])/(1 + z[0] + kappa*z[N-1]) z
+  with kappa = -alpha/d[0].
+
+Triton has no scratch memory, so c', z (and y' for half precision, which is eliminated in
+float32) are extra outputs that the launcher drops.
 """
 
 from __future__ import annotations
@@ -19,10 +31,11 @@ from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
 
 
-def _thomas_kernel(l_ref, d_ref, u_ref, b_ref, x_ref, c_ref, *scratch, n, transposed, tiles, P, Q):
-    y_ref = scratch[0] if scratch else x_ref
-    rows = TileRows(P, Q, tiles, c_ref.dtype)
-    load, store = rows.load, rows.store
+def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tiles, P, Q):
+    half = len(extra) > {"thomas": 1, "factored": 0, "periodic": 2}[kind]
+    y_ref = extra[-1] if half else x_ref
+    rows = TileRows(P, Q, tiles, x_ref.dtype if not half else extra[-1].dtype)
+    load, store, full = rows.load, rows.store, rows.full
 
     def sub(i):
         return load(u_ref, i - 1) if transposed else load(l_ref, i)
@@ -30,43 +43,102 @@ def _thomas_kernel(l_ref, d_ref, u_ref, b_ref, x_ref, c_ref, *scratch, n, transp
     def sup(i):
         return load(l_ref, jnp.minimum(i + 1, n - 1)) if transposed else load(u_ref, i)
 
-    r0 = 1 / load(d_ref, 0)
-    c0 = sup(0) * r0
-    y0 = load(b_ref, 0) * r0
-    store(c_ref, 0, c0)
-    store(y_ref, 0, y0)
+    def back_substitute(c_ref, v_ref, v_last, out_ref):
+        """out[i] = v[i] - c'[i]*out[i+1] from the last row up (out_ref may be v_ref)."""
 
-    def forward(i, carry):
-        c_prev, y_prev = carry
-        a = sub(i)
-        r = 1 / (load(d_ref, i) - a * c_prev)
-        c = sup(i) * r
-        y = (load(b_ref, i) - a * y_prev) * r
-        store(c_ref, i, c)
-        store(y_ref, i, y)
-        return rows.full(c), rows.full(y)
+        def step(k, v_next):
+            i = n - 2 - k
+            v = load(v_ref, i) - load(c_ref, i) * v_next
+            store(out_ref, i, v)
+            return v
 
-    _, x_last = lax.fori_loop(1, n, forward, (rows.full(c0), rows.full(y0)))
-    if scratch:
+        store(out_ref, n - 1, v_last)
+        lax.fori_loop(0, n - 1, step, full(v_last))
+
+    if kind == "factored":
+        y0 = load(b_ref, 0)
+        store(y_ref, 0, y0)
+
+        def forward(i, y_prev):
+            y = load(b_ref, i) - sub(i) * y_prev
+            store(y_ref, i, y)
+            return full(y)
+
+        x_last = load(d_ref, n - 1) * lax.fori_loop(1, n, forward, full(y0))
         store(x_ref, n - 1, x_last)
 
-    def backward(k, x_next):
-        i = n - 2 - k
-        x = load(y_ref, i) - load(c_ref, i) * x_next
-        store(x_ref, i, x)
-        return x
+        def backward(k, x_next):
+            i = n - 2 - k
+            x = load(d_ref, i) * load(y_ref, i) - sup(i) * x_next
+            store(x_ref, i, x)
+            return full(x)
 
-    lax.fori_loop(0, n - 1, backward, x_last)
+        lax.fori_loop(0, n - 1, backward, full(x_last))
+        return
+
+    c_ref = extra[0]
+    periodic = kind == "periodic"
+    d0 = load(d_ref, 0)
+    if periodic:
+        z_ref = extra[1]
+        lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
+        alpha, beta = (upn, lo0) if transposed else (lo0, upn)
+        d0 = 2 * d0
+    r0 = 1 / d0
+    carry = (full(sup(0) * r0), full(load(b_ref, 0) * r0))
+    store(c_ref, 0, carry[0])
+    store(y_ref, 0, carry[1])
+    if periodic:
+        carry += (full(jnp.asarray(-0.5, rows.dtype)),)
+        store(z_ref, 0, carry[2])
+
+    def eliminate(i, carry, diag):
+        a = sub(i)
+        r = 1 / (diag - a * carry[0])
+        c = sup(i) * r
+        y = (load(b_ref, i) - a * carry[1]) * r
+        store(c_ref, i, c)
+        store(y_ref, i, y)
+        out = (full(c), full(y))
+        if periodic:
+            z = -a * carry[2] * r
+            store(z_ref, i, z)
+            out += (full(z),)
+        return out, a, r
+
+    if not periodic:
+        _, y_last = lax.fori_loop(1, n, lambda i, c: eliminate(i, c, load(d_ref, i))[0], carry)
+        back_substitute(c_ref, y_ref, y_last, x_ref)
+        return
+
+    # Periodic: rows 1..N-2 as usual, row N-1 with d'[N-1] and u[N-1] = beta.
+    carry = lax.fori_loop(1, n - 1, lambda i, c: eliminate(i, c, load(d_ref, i))[0], carry)
+    a = sub(n - 1)
+    d_first = load(d_ref, 0)
+    r = 1 / (load(d_ref, n - 1) + alpha * beta / d_first - a * carry[0])
+    y_last = (load(b_ref, n - 1) - a * carry[1]) * r
+    z_last = (beta - a * carry[2]) * r
+    back_substitute(c_ref, y_ref, y_last, y_ref)
+    back_substitute(c_ref, z_ref, z_last, z_ref)
+    kappa = -alpha / d_first
+    f = (load(y_ref, 0) + kappa * y_last) / (1 + load(z_ref, 0) + kappa * z_last)
+
+    def combine(i, _):
+        store(x_ref, i, load(y_ref, i) - f * load(z_ref, i))
+
+    lax.fori_loop(0, n, combine, None)
 
 
-def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret: bool = False, tiles=None,
-              compiler_params=None):
-    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the Pallas kernel; returns (P, N, Q)."""
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
+              interpret: bool = False, tiles=None, compiler_params=None):
+    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the Pallas kernel; returns (P, N, Q).
+
+    `kind`: "thomas", "factored" or "periodic" (see the module docstring)."""
     N = broadcast_shape(l, d, u, b)[1]
     cdt = compute_dtype(out_dtype)
-    outs = [(N, out_dtype), (N, cdt)]
+    outs = [(N, out_dtype)] + [(N, cdt)] * {"thomas": 1, "factored": 0, "periodic": 2}[kind]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
         outs.append((N, cdt))
-    kernel = functools.partial(_thomas_kernel, n=N, transposed=transposed)
+    kernel = functools.partial(_kernel, n=N, kind=kind, transposed=transposed)
     return launch(kernel, (l, d, u, b), outs, name="tridiax_thomas", interpret=interpret,
                   tiles=tiles, compiler_params=compiler_params)[0]

@@ -27,8 +27,8 @@ def _row(x: Array, i, axis: int, dtype) -> Array:
     return lax.dynamic_index_in_dim(x, i, axis, keepdims=False).astype(dtype)
 
 
-def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype) -> Array:
-    """Solve the tridiagonal systems lying along `axis` of the broadcast operands.
+def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "thomas") -> Array:
+    """Solve the systems lying along `axis` of the broadcast operands (kinds: `_pallas_thomas`).
 
     Row i reads sub[i]*x[i-1] + d[i]*x[i] + sup[i]*x[i+1] = b[i] with sub = l, sup = u, or,
     when `transposed`, the transposed matrix: sub[i] = u[i-1], sup[i] = l[i+1].
@@ -46,38 +46,105 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype) -> Array:
     def sup(i):
         return row(l, jnp.minimum(i + 1, n - 1)) if transposed else row(u, i)
 
-    row_shape = full[:axis] + full[axis + 1 :]
-    r0 = 1 / row(d, 0)
-    c0 = jnp.broadcast_to(sup(0) * r0, row_shape)
-    y0 = jnp.broadcast_to(row(b, 0) * r0, row_shape)
-    if n == 1:
-        return jnp.expand_dims(y0, axis).astype(out_dtype)
-
     def put(buf, value, i):
         return lax.dynamic_update_index_in_dim(buf, value, i, axis)
 
+    row_shape = full[:axis] + full[axis + 1 :]
     zeros = jnp.zeros(full, cdt)
-    cbuf, ybuf = put(zeros, c0, 0), put(zeros, y0, 0)
+
+    if kind == "factored":
+        # A = L D V: y[i] = b[i] - l[i]*y[i-1], x[i] = m[i]*y[i] - c'[i]*x[i+1].
+        ybuf = put(zeros, jnp.broadcast_to(row(b, 0), row_shape), 0)
+        ybuf = lax.fori_loop(
+            1, n, lambda i, y: put(y, row(b, i) - sub(i) * row(y, i - 1), i), ybuf)
+        ybuf = put(ybuf, row(d, n - 1) * row(ybuf, n - 1), n - 1)
+
+        def back(k, y):
+            i = n - 2 - k
+            return put(y, row(d, i) * row(y, i) - sup(i) * row(y, i + 1), i)
+
+        return lax.fori_loop(0, n - 1, back, ybuf).astype(out_dtype)
+
+    periodic = kind == "periodic"
+    d0 = row(d, 0)
+    if periodic:
+        # Sherman-Morrison, as cpu_kernels.cc: gamma = -d[0], corners alpha = A[0, N-1],
+        # beta = A[N-1, 0]; z' = T'^{-1}(gamma, 0, ..., 0, beta) rides along the same sweep.
+        lo0, upn = row(l, 0), row(u, n - 1)
+        alpha, beta = (upn, lo0) if transposed else (lo0, upn)
+        corr = alpha * beta / d0
+        d0 = 2 * d0
+    r0 = 1 / d0
+    cbuf = put(zeros, jnp.broadcast_to(sup(0) * r0, row_shape), 0)
+    ybuf = put(zeros, jnp.broadcast_to(row(b, 0) * r0, row_shape), 0)
+    if n == 1:
+        return ybuf.astype(out_dtype)
+    bufs = (cbuf, ybuf)
+    if periodic:
+        bufs += (put(zeros, jnp.broadcast_to(jnp.asarray(-0.5, cdt), row_shape), 0),)
 
     # Forward elimination. The previous row is read back from the buffers rather than carried:
     # XLA then fuses each row's arithmetic into its in-place update (measured ~15% faster).
     def forward(i, bufs):
-        cbuf, ybuf = bufs
-        a = sub(i)
-        r = 1 / (row(d, i) - a * row(cbuf, i - 1))
-        cbuf = put(cbuf, sup(i) * r, i)
-        ybuf = put(ybuf, (row(b, i) - a * row(ybuf, i - 1)) * r, i)
-        return cbuf, ybuf
+        cbuf, ybuf = bufs[:2]
+        a, diag = sub(i), row(d, i)
+        if periodic:
+            last = (i == n - 1).astype(cdt)
+            diag = diag + last * corr
+        r = 1 / (diag - a * row(cbuf, i - 1))
+        out = (put(cbuf, sup(i) * r, i), put(ybuf, (row(b, i) - a * row(ybuf, i - 1)) * r, i))
+        if periodic:
+            out += (put(bufs[2], (last * beta - a * row(bufs[2], i - 1)) * r, i),)
+        return out
 
-    cbuf, ybuf = lax.fori_loop(1, n, forward, (cbuf, ybuf))
+    cbuf, *vecs = lax.fori_loop(1, n, forward, bufs)
 
-    # Back substitution, in place in the y buffer.
-    def backward(k, ybuf):
+    # Back substitution, in place in the y (and z) buffers.
+    def backward(k, vecs):
         i = n - 2 - k
-        return put(ybuf, row(ybuf, i) - row(cbuf, i) * row(ybuf, i + 1), i)
+        c = row(cbuf, i)
+        return [put(v, row(v, i) - c * row(v, i + 1), i) for v in vecs]
 
-    x = lax.fori_loop(0, n - 1, backward, ybuf)
-    return x.astype(out_dtype)
+    vecs = lax.fori_loop(0, n - 1, backward, vecs)
+    if not periodic:
+        return vecs[0].astype(out_dtype)
+    y, z = vecs
+    kappa = jnp.expand_dims(-alpha / row(d, 0), axis)
+    y0, yl = lax.slice_in_dim(y, 0, 1, axis=axis), lax.slice_in_dim(y, n - 1, n, axis=axis)
+    z0, zl = lax.slice_in_dim(z, 0, 1, axis=axis), lax.slice_in_dim(z, n - 1, n, axis=axis)
+    f = (y0 + kappa * yl) / (1 + z0 + kappa * zl)
+    return (y - f * z).astype(out_dtype)
+
+
+def factor_sweep(l, d, u, *, axis: int, out_dtype) -> tuple[Array, Array, Array]:
+    """The stored factors A = L D V of the systems along `axis`: (l, m, c') with
+    l[i] = lower[i]*m[i-1] (L's sub-diagonal, l[0] = 0), m[i] = 1/pivot[i] and
+    c'[i] = upper[i]*m[i] (V's super-diagonal, c'[N-1] = 0): the Thomas forward elimination
+    without a right-hand side. Returns three arrays of the broadcast shape."""
+    cdt = compute_dtype(out_dtype)
+    full = broadcast_shape(l, d, u)
+    n = full[axis]
+    row_shape = full[:axis] + full[axis + 1 :]
+
+    def row(x, i):
+        return _row(x, i, axis, cdt)
+
+    def put(buf, value, i):
+        return lax.dynamic_update_index_in_dim(buf, jnp.broadcast_to(value, row_shape), i, axis)
+
+    zeros = jnp.zeros(full, cdt)
+    m0 = 1 / row(d, 0)
+    bufs = (zeros, put(zeros, m0, 0), put(zeros, row(u, 0) * m0 * (n > 1), 0))
+
+    def forward(i, bufs):
+        lbuf, mbuf, cbuf = bufs
+        a = row(l, i)
+        m = 1 / (row(d, i) - a * row(cbuf, i - 1))
+        not_last = (i < n - 1).astype(cdt)
+        return (put(lbuf, a * row(mbuf, i - 1), i), put(mbuf, m, i),
+                put(cbuf, not_last * row(u, i) * m, i))
+
+    return tuple(x.astype(out_dtype) for x in lax.fori_loop(1, n, forward, bufs))
 
 
 # Below this many values per row group (Q), rows along axis 1 of (P, N, Q) are strided
@@ -87,11 +154,15 @@ _STRIDED_ROW_LIMIT = 16
 _CHUNK_VALUES = 2048
 
 
-def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype) -> Array:
-    """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q)."""
-    P, N, Q = broadcast_shape(l, d, u, b)
+def _by_chunks(fn, operands, n_outputs: int):
+    """Run `fn(*operands_along_axis_0) -> n_outputs arrays` over (P|1, N|1, Q|1) operands.
+
+    For Q >= _STRIDED_ROW_LIMIT rows are contiguous and `fn` runs along axis 1 directly.
+    Otherwise chunks of systems are swapped into row-major order in cache.
+    """
+    P, N, Q = broadcast_shape(*operands)
     if Q >= _STRIDED_ROW_LIMIT or P == 1:
-        return sweep(l, d, u, b, axis=1, transposed=transposed, out_dtype=out_dtype)
+        return fn(*operands, axis=1)
 
     width = max(1, min(P, _CHUNK_VALUES // Q))
     n_chunks = -(-P // width)
@@ -101,12 +172,34 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype) -> Array:
             return jnp.swapaxes(x, 0, 1)
         return jnp.swapaxes(lax.dynamic_slice_in_dim(x, start, width, 0), 0, 1)
 
-    def body(k, out):
+    def body(k, outs):
         # The last chunk overlaps the one before when P % width != 0; it recomputes and
         # rewrites identical values, which keeps every slice in bounds.
         start = jnp.minimum(k * width, P - width)
-        x = sweep(*(chunk(v, start) for v in (l, d, u, b)), axis=0, transposed=transposed,
-                  out_dtype=out_dtype)
-        return lax.dynamic_update_slice_in_dim(out, jnp.swapaxes(x, 0, 1), start, 0)
+        results = fn(*(chunk(v, start) for v in operands), axis=0)
+        return tuple(lax.dynamic_update_slice_in_dim(out, jnp.swapaxes(x, 0, 1), start, 0)
+                     for out, x in zip(outs, results, strict=True))
 
-    return lax.fori_loop(0, n_chunks, body, jnp.zeros((P, N, Q), out_dtype))
+    dtype = operands[-1].dtype
+    init = tuple(jnp.zeros((P, N, Q), dtype) for _ in range(n_outputs))
+    return lax.fori_loop(0, n_chunks, body, init)
+
+
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas") -> Array:
+    """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q)."""
+
+    def solve(*operands, axis):
+        x = sweep(*operands, axis=axis, transposed=transposed, out_dtype=out_dtype, kind=kind)
+        return (x,)
+
+    return _by_chunks(solve, (l, d, u, b.astype(out_dtype)), 1)[0]
+
+
+def factor_pnq(l, d, u, *, out_dtype) -> tuple[Array, Array, Array]:
+    """`factor_sweep` along axis 1 of (P|1, N|1, Q|1) bands; three (P, N, Q) arrays."""
+
+    def factor(*bands, axis):
+        return factor_sweep(*bands, axis=axis, out_dtype=out_dtype)
+
+    # _by_chunks takes the output dtype from its last operand; the bands share it.
+    return _by_chunks(factor, [x.astype(out_dtype) for x in (l, d, u)], 3)

@@ -2,10 +2,10 @@
 // systems (TridiaxThomasCpu) and elementwise recurrences h[t] = act(a[t]*h[t-1] + x[t])
 // (TridiaxRecurrenceCpu).
 //
-// Thomas:
-// Same algorithm, band conventions and (P, N, Q) view as the Pallas kernel
-// (_pallas_thomas.py). Each operand is a 3-D array (P|1, N|1, Q|1); a size-1 dimension is
-// broadcast (stride 0), so a matrix shared by every column is read, never copied.
+// Thomas (kind 0), a solve with stored factors (kind 1) and a periodic solve (kind 2):
+// same algorithms, band conventions and (P, N, Q) view as the Pallas kernel
+// (_pallas_thomas.py, which states the three kinds). Each operand is a 3-D array
+// (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by every column is read, never copied.
 //
 // Work is split into tiles of W systems that are contiguous in memory when the systems run
 // along Q (axis not last), or one system apart when Q is small (axis last). For each row i
@@ -48,17 +48,21 @@ Operand MakeOperand(const ffi::AnyBuffer& buf) {
   return op;
 }
 
+enum Kind : int64_t { kThomas = 0, kFactored = 1, kPeriodic = 2 };
+
 template <typename T>
 class Solver {
  public:
-  Solver(const Operand* ops, T* out, int64_t P, int64_t N, int64_t Q, bool transposed)
+  Solver(const Operand* ops, T* out, int64_t P, int64_t N, int64_t Q, bool transposed,
+         int64_t kind)
       : ops_{ops[0], ops[1], ops[2], ops[3]}, out_(out), P_(P), N_(N), Q_(Q),
-        transposed_(transposed) {
+        transposed_(transposed), kind_(kind) {
     along_q_ = Q_ >= 16;
     // W systems per tile: enough to vectorise, few enough that the per-thread scratch stays
     // in cache (measured on a 2-core EPYC, N = 100: 512 along Q, 16 along P were fastest).
     const int64_t bytes = static_cast<int64_t>(sizeof(T)) * N_;
-    int64_t w = along_q_ ? std::clamp<int64_t>((int64_t{1} << 20) / (2 * bytes), 1, 512)
+    const int64_t columns = kind_ == kPeriodic ? 3 : 2;
+    int64_t w = along_q_ ? std::clamp<int64_t>((int64_t{1} << 20) / (columns * bytes), 1, 512)
                          : std::clamp<int64_t>((int64_t{1} << 16) / (6 * bytes), 1, 16);
     if (w > 8) w -= w % 8;
     w_ = std::min<int64_t>(w, along_q_ ? Q_ : P_);
@@ -68,8 +72,9 @@ class Solver {
 
   int64_t tiles() const { return tiles_; }
   int64_t width() const { return w_; }
-  // Scratch values one thread needs: c' and y' (N*W each), row buffers, gathered operands.
-  int64_t scratch_size() const { return (2 * N_ + 4 + (along_q_ ? 0 : 4 * N_)) * w_; }
+  // Scratch values one thread needs: c', y' and z' (periodic) (N*W each), 4 row buffers, 3
+  // periodic corner buffers, gathered operands.
+  int64_t scratch_size() const { return (3 * N_ + 7 + (along_q_ ? 0 : 4 * N_)) * w_; }
 
   // Solve tiles [begin, end) with the caller's scratch of scratch_size() values.
   void Run(int64_t begin, int64_t end, T* scratch) const {
@@ -115,10 +120,11 @@ class Solver {
     const int64_t N = N_, W = w_, w = tile.w;
     T* c = scratch;                    // c'[i*W + s]
     T* y = c + N * W;                  // y'[i*W + s], then x
-    T* bufs = y + N * W;               // 4 row buffers of W
+    T* z = y + N * W;                  // periodic: z'[i*W + s], then z
+    T* bufs = z + N * W;               // 4 row buffers of W, then 3 for periodic corners
     for (int k = 0; k < 4; ++k) tile.gathered[k] = nullptr;
     if (!along_q_) {
-      T* g = bufs + 4 * W;
+      T* g = bufs + 7 * W;
       for (int k = 0; k < 4; ++k) Gather(k, tile, g + k * N * W);
     }
     const int kl = transposed_ ? 2 : 0, kd = 1, ku = transposed_ ? 0 : 2, kb = 3;
@@ -129,6 +135,27 @@ class Solver {
     };
     auto rhs = [&](int64_t i) { return Row(kb, i, tile, bufs + 3 * W); };
 
+    if (kind_ == kFactored) {
+      Factored(sub, dia, sup, rhs, y, W, w);
+    } else if (kind_ == kThomas) {
+      Eliminate(sub, dia, sup, rhs, c, y, W, w);
+      BackSubstitute(c, y, W, w);
+    } else {
+      // Corners of A (A^T when transposed): alpha = A[0, N-1], beta = A[N-1, 0].
+      T* alpha = bufs + 4 * W;
+      T* beta = bufs + 5 * W;
+      const T* lo0 = Row(0, 0, tile, bufs);
+      std::copy(lo0, lo0 + w, transposed_ ? beta : alpha);
+      const T* upn = Row(2, N - 1, tile, bufs);
+      std::copy(upn, upn + w, transposed_ ? alpha : beta);
+      Periodic(sub, dia, sup, rhs, alpha, beta, bufs + 6 * W, c, y, z, W, w);
+    }
+    Scatter(tile, y);
+  }
+
+  // Thomas: forward elimination into c' and y'; BackSubstitute() then overwrites y' with x.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void Eliminate(Sub sub, Dia dia, Sup sup, Rhs rhs, T* c, T* y, int64_t W, int64_t w) const {
     {
       const T *__restrict__ d0 = dia(0), *__restrict__ u0 = sup(0), *__restrict__ b0 = rhs(0);
 #pragma GCC ivdep
@@ -138,7 +165,7 @@ class Solver {
         y[s] = b0[s] * r;
       }
     }
-    for (int64_t i = 1; i < N; ++i) {
+    for (int64_t i = 1; i < N_; ++i) {
       const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ u = sup(i),
                             *__restrict__ b = rhs(i);
       const T* __restrict__ cp = c + (i - 1) * W;
@@ -152,14 +179,120 @@ class Solver {
         yi[s] = (b[s] - a[s] * yp[s]) * r;
       }
     }
-    for (int64_t i = N - 2; i >= 0; --i) {
+  }
+
+  void BackSubstitute(const T* c, T* y, int64_t W, int64_t w) const {
+    for (int64_t i = N_ - 2; i >= 0; --i) {
       const T* __restrict__ ci = c + i * W;
       const T* __restrict__ xn = y + (i + 1) * W;
       T* __restrict__ yi = y + i * W;
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) yi[s] -= ci[s] * xn[s];
     }
-    Scatter(tile, y);
+  }
+
+  // Stored factors A = L D V (sub: L's sub-diagonal l, dia: D = 1/pivots m, sup: V's
+  // super-diagonal c'): y[i] = b[i] - l[i]*y[i-1], then x[i] = m[i]*y[i] - c'[i]*x[i+1].
+  // Transposed, the accessors read c'[i-1] and l[i+1]: A^T = V^T D L^T is the same sweep.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void Factored(Sub sub, Dia dia, Sup sup, Rhs rhs, T* y, int64_t W, int64_t w) const {
+    {
+      const T* b0 = rhs(0);
+      std::copy(b0, b0 + w, y);
+    }
+    for (int64_t i = 1; i < N_; ++i) {
+      const T *__restrict__ l = sub(i), *__restrict__ b = rhs(i);
+      const T* __restrict__ yp = y + (i - 1) * W;
+      T* __restrict__ yi = y + i * W;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) yi[s] = b[s] - l[s] * yp[s];
+    }
+    {
+      const T* __restrict__ m = dia(N_ - 1);
+      T* __restrict__ yl = y + (N_ - 1) * W;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) yl[s] *= m[s];
+    }
+    for (int64_t i = N_ - 2; i >= 0; --i) {
+      const T *__restrict__ m = dia(i), *__restrict__ u = sup(i);
+      const T* __restrict__ xn = y + (i + 1) * W;
+      T* __restrict__ yi = y + i * W;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) yi[s] = m[s] * yi[s] - u[s] * xn[s];
+    }
+  }
+
+  // Periodic, by Sherman-Morrison: A = T' + u v^T with gamma = -d[0], T' the tridiagonal part
+  // with d'[0] = d[0] - gamma and d'[N-1] = d[N-1] - alpha*beta/gamma, u = (gamma, 0, ..., 0,
+  // beta), v = (1, 0, ..., 0, alpha/gamma). One forward sweep eliminates T' for y' and for
+  // z' = T'^{-1}u together (u is zero between its ends, so z' reads nothing from memory), one
+  // backward sweep substitutes both, and x = y - (v.y)/(1 + v.z) z is formed in cache.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void Periodic(Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha, const T* beta, T* kappa,
+                T* c, T* y, T* z, int64_t W, int64_t w) const {
+    const int64_t N = N_;
+    T* corr = z + (N - 1) * W;  // alpha*beta/d[0] until row N-1 is eliminated
+    {
+      const T *__restrict__ d0 = dia(0), *__restrict__ u0 = sup(0), *__restrict__ b0 = rhs(0);
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) {
+        const T r = T(1) / (T(2) * d0[s]);
+        c[s] = u0[s] * r;
+        y[s] = b0[s] * r;
+        z[s] = -d0[s] * r;
+        kappa[s] = -alpha[s] / d0[s];
+        corr[s] = alpha[s] * beta[s] / d0[s];
+      }
+    }
+    for (int64_t i = 1; i < N; ++i) {
+      const bool last = i == N - 1;
+      const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ u = sup(i),
+                            *__restrict__ b = rhs(i);
+      const T* __restrict__ cp = c + (i - 1) * W;
+      const T* __restrict__ yp = y + (i - 1) * W;
+      const T* __restrict__ zp = z + (i - 1) * W;
+      T* __restrict__ ci = c + i * W;
+      T* __restrict__ yi = y + i * W;
+      T* __restrict__ zi = z + i * W;
+      if (!last) {
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          ci[s] = u[s] * r;
+          yi[s] = (b[s] - a[s] * yp[s]) * r;
+          zi[s] = -a[s] * zp[s] * r;
+        }
+      } else {
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] + corr[s] - a[s] * cp[s]);
+          yi[s] = (b[s] - a[s] * yp[s]) * r;
+          zi[s] = (beta[s] - a[s] * zp[s]) * r;
+        }
+      }
+    }
+    for (int64_t i = N - 2; i >= 0; --i) {
+      const T* __restrict__ ci = c + i * W;
+      T* __restrict__ yi = y + i * W;
+      T* __restrict__ zi = z + i * W;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) {
+        yi[s] -= ci[s] * yi[s + W];
+        zi[s] -= ci[s] * zi[s + W];
+      }
+    }
+    T* f = kappa;  // becomes (v.y)/(1 + v.z)
+    const T* yl = y + (N - 1) * W;
+    const T* zl = z + (N - 1) * W;
+#pragma GCC ivdep
+    for (int64_t s = 0; s < w; ++s) {
+      f[s] = (y[s] + kappa[s] * yl[s]) / (T(1) + z[s] + kappa[s] * zl[s]);
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      T* __restrict__ yi = y + i * W;
+      const T* __restrict__ zi = z + i * W;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) yi[s] -= f[s] * zi[s];
+    }
   }
 
   // Write x (N, W) in scratch to the output, each system contiguously when along P.
@@ -179,6 +312,7 @@ class Solver {
   T* out_;
   int64_t P_, N_, Q_;
   bool transposed_;
+  int64_t kind_;
   bool along_q_;
   int64_t w_, tiles_per_line_, tiles_;
 };
@@ -202,8 +336,9 @@ void RunTiles(const Kernel& kernel, int64_t work) {
 }
 
 template <typename T>
-void Solve(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool transposed) {
-  RunTiles<T>(Solver<T>(ops, static_cast<T*>(out), P, N, Q, transposed), P * N * Q);
+void Solve(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool transposed,
+           int64_t kind) {
+  RunTiles<T>(Solver<T>(ops, static_cast<T*>(out), P, N, Q, transposed, kind), P * N * Q);
 }
 
 // Recurrence: h[t] = act(c[t]*h[prev] + x[t]) over T steps (reversed when `reverse`), with
@@ -312,7 +447,8 @@ void Recur(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool 
 }
 
 ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
-                      ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> x, bool transposed) {
+                      ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> x, bool transposed,
+                      int64_t kind) {
   auto dims = x->dimensions();
   if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, N, Q)");
   const int64_t P = dims[0], N = dims[1], Q = dims[2];
@@ -321,10 +457,10 @@ ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer 
                           MakeOperand(rhs)};
   void* out = x->untyped_data();
   switch (x->element_type()) {
-    case ffi::DataType::F32: Solve<float>(ops, out, P, N, Q, transposed); break;
-    case ffi::DataType::F64: Solve<double>(ops, out, P, N, Q, transposed); break;
-    case ffi::DataType::C64: Solve<std::complex<float>>(ops, out, P, N, Q, transposed); break;
-    case ffi::DataType::C128: Solve<std::complex<double>>(ops, out, P, N, Q, transposed); break;
+    case ffi::DataType::F32: Solve<float>(ops, out, P, N, Q, transposed, kind); break;
+    case ffi::DataType::F64: Solve<double>(ops, out, P, N, Q, transposed, kind); break;
+    case ffi::DataType::C64: Solve<std::complex<float>>(ops, out, P, N, Q, transposed, kind); break;
+    case ffi::DataType::C128: Solve<std::complex<double>>(ops, out, P, N, Q, transposed, kind); break;
     default: return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
   }
   return ffi::Error::Success();
@@ -383,4 +519,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, ThomasImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("transposed"));
+                                  .Attr<bool>("transposed")
+                                  .Attr<int64_t>("kind"));
