@@ -5,7 +5,8 @@
 // Thomas (kind 0), a solve with stored factors (kind 1) and a periodic solve (kind 2):
 // same algorithms, band conventions and (P, N, Q) view as the Pallas kernel
 // (_pallas_thomas.py, which states the three kinds). Each operand is a 3-D array
-// (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by every column is read, never copied.
+// (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by every
+// column is read, never copied.
 //
 // Work is split into tiles of W systems that are contiguous in memory when the systems run
 // along Q (axis not last), or one system apart when Q is small (axis last). For each row i
@@ -78,7 +79,7 @@ class Solver {
 
   // Solve tiles [begin, end) with the caller's scratch of scratch_size() values.
   void Run(int64_t begin, int64_t end, T* scratch) const {
-    for (int64_t t = begin; t < end; ++t) SolveTile(t, scratch);
+    for (int64_t t = begin; t < end; ++t) SolveTile(t, scratch, t == begin);
   }
 
  private:
@@ -100,18 +101,25 @@ class Solver {
   }
 
   // Along P, the systems of a tile are N*Q values apart: copy each operand's tile into
-  // scratch as (N, W), reading every system contiguously (a transpose in cache).
+  // scratch as (N, W), a transpose in cache. Row by row, the W source lines stay in L1 while
+  // a row of W values is written contiguously.
   void Gather(int k, Tile& tile, T* dst) const {
     const Operand& op = ops_[k];
     const T* base = static_cast<const T*>(op.data) + tile.p * op.sp + tile.q * op.sq;
-    for (int64_t s = 0; s < tile.w; ++s) {
-      const T* src = base + s * op.sp;
-      for (int64_t i = 0; i < op.n; ++i) dst[i * w_ + s] = src[i * op.sn];
+    const int64_t w = op.sp == 0 ? w_ : tile.w, sp = op.sp;
+    for (int64_t i = 0; i < op.n; ++i) {
+      const T* src = base + i * op.sn;
+      T* __restrict__ row = dst + i * w_;
+      for (int64_t s = 0; s < w; ++s) row[s] = src[s * sp];
     }
     tile.gathered[k] = dst;
   }
 
-  void SolveTile(int64_t t, T* scratch) const {
+  // An operand broadcast along P (and Q, or Q == 1) is the same in every tile: gathered once
+  // per thread, on its first tile.
+  bool SameInEveryTile(int k) const { return ops_[k].sp == 0 && (ops_[k].sq == 0 || Q_ == 1); }
+
+  void SolveTile(int64_t t, T* scratch, bool first_of_thread) const {
     const int64_t line = t / tiles_per_line_, first = (t % tiles_per_line_) * w_;
     Tile tile;
     tile.p = along_q_ ? line : first;
@@ -125,7 +133,13 @@ class Solver {
     for (int k = 0; k < 4; ++k) tile.gathered[k] = nullptr;
     if (!along_q_) {
       T* g = bufs + 7 * W;
-      for (int k = 0; k < 4; ++k) Gather(k, tile, g + k * N * W);
+      for (int k = 0; k < 4; ++k) {
+        if (first_of_thread || !SameInEveryTile(k)) {
+          Gather(k, tile, g + k * N * W);
+        } else {
+          tile.gathered[k] = g + k * N * W;
+        }
+      }
     }
     const int kl = transposed_ ? 2 : 0, kd = 1, ku = transposed_ ? 0 : 2, kb = 3;
     auto sub = [&](int64_t i) { return Row(kl, transposed_ ? i - 1 : i, tile, bufs); };
