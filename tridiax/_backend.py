@@ -46,6 +46,20 @@ def supports(backend: str, dtype) -> bool:
     return not (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating))
 
 
+def check_block(block) -> tuple[int, int] | None:
+    """`block` as a (bp, bq) pair of powers of two, or None; ValueError otherwise."""
+    if block is None:
+        return None
+    try:
+        bp, bq = (int(b) for b in block)
+    except (TypeError, ValueError):
+        raise ValueError(f"block must be None or a pair (bp, bq) of ints, got {block!r}.") from None
+    for b in (bp, bq):
+        if b < 1 or b & (b - 1):
+            raise ValueError(f"block sizes must be powers of two (Triton tiles), got {block!r}.")
+    return bp, bq
+
+
 def check_backend(backend: str | None, dtype, *, activation=None) -> None:
     """Raise ValueError for a backend override that cannot run this dtype (or activation)."""
     if backend is None:
@@ -70,13 +84,21 @@ def _triton_params(tiles):
     return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1)
 
 
-def kernel(op: str, backend: str):
+def kernel(op: str, backend: str, *, block: tuple[int, int] | None = None):
     """The function running `op` ("thomas" or "recurrence") on (P|1, N|1, Q|1) operands.
 
     Every backend's module names its entry points alike: `solve_pnq` for the Thomas
-    algorithm, `recurrence_pnq` for recurrences.
+    algorithm, `recurrence_pnq` for recurrences. `block`, a (bp, bq) tile of systems per
+    program, applies to the Pallas kernels; the others choose their own tiling.
     """
-    from ._kernels import _native, _pallas_recurrence, _pallas_thomas, _xla_recurrence, _xla_thomas
+    from ._kernels import (
+        _native,
+        _pallas_recurrence,
+        _pallas_thomas,
+        _pallas_tiles,
+        _xla_recurrence,
+        _xla_thomas,
+    )
 
     entry = {"thomas": "solve_pnq", "recurrence": "recurrence_pnq"}[op]
     pallas = {"thomas": _pallas_thomas, "recurrence": _pallas_recurrence}[op]
@@ -84,8 +106,9 @@ def kernel(op: str, backend: str):
         return getattr(_native, entry)
     if backend == "xla":
         return getattr({"thomas": _xla_thomas, "recurrence": _xla_recurrence}[op], entry)
+    tiles = {} if block is None else {"tiles": _pallas_tiles.Tiles.of_block(*block)}
     if backend == "pallas_interpret":
-        return functools.partial(getattr(pallas, entry), interpret=True)
+        return functools.partial(getattr(pallas, entry), interpret=True, **tiles)
     if backend == "pallas_triton":
-        return functools.partial(getattr(pallas, entry), compiler_params=_triton_params)
+        return functools.partial(getattr(pallas, entry), compiler_params=_triton_params, **tiles)
     raise ValueError(f"unknown backend {backend!r}")

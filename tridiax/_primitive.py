@@ -13,7 +13,8 @@ Why a primitive rather than custom_vjp/custom_linear_solve around a pallas_call:
 
 Operands: four arrays of one dtype and one rank that broadcast together (`_solve.py` checks
 and arranges this). Params: `axis` (non-negative), `transposed`, `backend` (None = per platform,
-see `_backend.py`) and `kind`:
+see `_backend.py`), `block` (None, or the (bp, bq) tile of systems a Pallas program solves) and
+`kind`:
 - "thomas": (lower, diag, upper, rhs), the tridiagonal solve;
 - "periodic": the same operands, with lower[0] and upper[N-1] the corners A[0, N-1] and
   A[N-1, 0] of a cyclic matrix (N >= 3), by Sherman-Morrison in one sweep;
@@ -56,21 +57,21 @@ def_jit_impl(tridiagonal_solve_p)
 
 
 @tridiagonal_solve_p.def_abstract_eval
-def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind):
-    del transposed, backend, kind
+def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):
+    del transposed, backend, kind, block
     shape = _layout.broadcast_shape(lower, diag, upper, rhs)
     return ShapedArray(shape, rhs.dtype)
 
 
 def _lowering(platform: str):
-    def solve(lower, diag, upper, rhs, *, axis, transposed, backend, kind):
+    def solve(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):
         full = _layout.broadcast_shape(lower, diag, upper, rhs)
         if 0 in full:
             return jnp.zeros(full, rhs.dtype)
         backend = backend or _backend.default_backend(platform, rhs.dtype)
         views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper, rhs)]
-        x = _backend.kernel("thomas", backend)(*views, transposed=transposed, out_dtype=rhs.dtype,
-                                               kind=kind)
+        x = _backend.kernel("thomas", backend, block=block)(
+            *views, transposed=transposed, out_dtype=rhs.dtype, kind=kind)
         return x.reshape(full)
 
     return mlir.lower_fun(solve, multiple_results=False)
@@ -82,9 +83,9 @@ mlir.register_lowering(tridiagonal_solve_p, _lowering("rocm"), platform="rocm")
 mlir.register_lowering(tridiagonal_solve_p, _lowering("tpu"), platform="tpu")
 
 
-def _jvp(primals, tangents, *, axis, transposed, backend, kind):
+def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):
     lower, diag, upper, rhs = primals
-    params = dict(axis=axis, transposed=transposed, backend=backend, kind=kind)
+    params = dict(axis=axis, transposed=transposed, backend=backend, kind=kind, block=block)
     x = tridiagonal_solve_p.bind(lower, diag, upper, rhs, **params)
     lower_t, diag_t, upper_t, rhs_t = (
         None if type(t) is ad.Zero else t for t in tangents
@@ -108,14 +109,14 @@ def _jvp(primals, tangents, *, axis, transposed, backend, kind):
 ad.primitive_jvps[tridiagonal_solve_p] = _jvp
 
 
-def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind):
+def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):
     if any(ad.is_undefined_primal(band) for band in (lower, diag, upper)):
         raise NotImplementedError("the tridiagonal solve is linear in rhs only")
     if type(x_bar) is ad.Zero:
         return None, None, None, ad.Zero(rhs.aval)
     b_bar = tridiagonal_solve_p.bind(
         lower, diag, upper, x_bar, axis=axis, transposed=not transposed, backend=backend,
-        kind=kind,
+        kind=kind, block=block,
     )
     return None, None, None, _bands.unbroadcast(b_bar, rhs.aval.shape)
 

@@ -65,12 +65,64 @@ def solve_tridiagonal(
     return solve(lower, diag, upper, rhs, axis=axis)
 
 
-def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None) -> Array:
-    """`solve_tridiagonal` with a backend override (see `_backend.py`); for tests and modules."""
+def solve_periodic_tridiagonal(
+    lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, rhs: ArrayLike, *, axis: int = -1
+) -> Array:
+    r"""Solve many cyclic (periodic) tridiagonal systems along `axis` of an N-d array.
+
+    Row i of each system couples x[i-1], x[i] and x[i+1] with indices taken modulo N:
+
+        lower[i]*x[(i-1) % N] + diag[i]*x[i] + upper[i]*x[(i+1) % N] = rhs[i],
+
+    so `lower[0]` is the corner A[0, N-1] and `upper[N-1]` the corner A[N-1, 0] (rings,
+    periodic grids, closed splines). Needs N >= 3.
+
+    Solved by Sherman-Morrison: with gamma = -diag[0], A = T' + u v^T where T' is tridiagonal
+    (diag[0] - gamma, diag[N-1] - lower[0]*upper[N-1]/gamma), u = (gamma, 0, ..., 0,
+    upper[N-1]) and v = (1, 0, ..., 0, lower[0]/gamma). One kernel sweep eliminates T' for
+    both right-hand sides (rhs and u) and forms x = y - (v.y)/(1 + v.z) z: the bands and rhs
+    are read once.
+
+    **Arguments:** as `solve_tridiagonal` (shapes broadcast, any `axis`, same dtypes).
+
+    **Returns:** `x` with the broadcast shape of the inputs.
+
+    **Numerics:** no pivoting; stable for diagonally dominant matrices (for which T' stays
+    dominant). Gradients w.r.t. all four inputs by implicit differentiation, vmap at any
+    in_axes, as for `solve_tridiagonal`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, tridiax
+    n = 8  # a ring of 8 nodes: x[i] - 0.25*(x[i-1] + x[i+1]) = 1 everywhere
+    x = tridiax.solve_periodic_tridiagonal(-0.25 * jnp.ones(n), jnp.ones(n), -0.25 * jnp.ones(n), jnp.ones(n))
+    ```
+    """
+    return solve(lower, diag, upper, rhs, axis=axis, periodic=True)
+
+
+def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None,
+          periodic: bool = False, block=None) -> Array:
+    """`solve_tridiagonal` (or, `periodic`, `solve_periodic_tridiagonal`) with a backend
+    override and Pallas block sizes (see `_backend.py`); for tests and modules."""
     operands, axis = prepare_operands((lower, diag, upper, rhs), _NAMES, axis)
     _backend.check_backend(backend, operands[0].dtype)
+    if periodic:
+        check_periodic_size(operands, axis)
     return tridiagonal_solve_p.bind(*operands, axis=axis, transposed=False, backend=backend,
-                                    kind="thomas")
+                                    kind="periodic" if periodic else "thomas",
+                                    block=_backend.check_block(block))
+
+
+def check_periodic_size(operands, axis: int) -> None:
+    n = np.broadcast_shapes(*(x.shape for x in operands))[axis]
+    if n < 3:
+        raise ValueError(
+            f"a periodic system needs N >= 3 rows along axis {axis}, got N = {n}: with N < 3 "
+            "the corners lower[0] and upper[N-1] fall on the ordinary off-diagonals. Solve it "
+            "as an ordinary tridiagonal system with those entries added in."
+        )
 
 
 def prepare_operands(values: Sequence, names: Sequence[str], axis) -> tuple[list[Array], int]:

@@ -24,20 +24,35 @@ def _systems(arrays, axis: int):
     return [m.reshape(-1, shape[axis]) for m in moved], shape, axis
 
 
-def reference_solve(lower, diag, upper, rhs, *, axis: int = -1) -> np.ndarray:
+def reference_solve(lower, diag, upper, rhs, *, axis: int = -1, periodic: bool = False) -> np.ndarray:
     """Solve every system with `scipy.linalg.solve_banded` (LAPACK gbsv, partial pivoting).
 
     Same conventions as `tridiax.solve_tridiagonal`: along `axis`, row i reads
     lower[i]*x[i-1] + diag[i]*x[i] + upper[i]*x[i+1] = rhs[i]; lower[0] and upper[-1] are
     ignored. Inputs broadcast.
 
+    With `periodic=True`, the conventions of `tridiax.solve_periodic_tridiagonal`: lower[0]
+    is the corner A[0, N-1] and upper[N-1] the corner A[N-1, 0]. Such a matrix is not banded,
+    so each system is assembled densely and solved with `scipy.linalg.solve` (LAPACK gesv,
+    partial pivoting); N >= 3.
+
     **Returns:** a NumPy array of the broadcast shape, in float64 (complex128 for complex input).
     """
     (lo, di, up, b), shape, axis = _systems((lower, diag, upper, rhs), axis)
     n = shape[axis]
+    if periodic and n < 3:
+        raise ValueError(f"a periodic system needs N >= 3, got N = {n}.")
     x = np.empty_like(b)
     ab = np.zeros((3, n), dtype=b.dtype)
+    rows = np.arange(n)
     for s in range(b.shape[0]):
+        if periodic:
+            a = np.zeros((n, n), dtype=b.dtype)
+            a[rows, rows] = di[s]
+            a[rows, (rows - 1) % n] = lo[s]
+            a[rows, (rows + 1) % n] = up[s]
+            x[s] = scipy.linalg.solve(a, b[s])
+            continue
         ab[0, 1:] = up[s, :-1]
         ab[1] = di[s]
         ab[2, :-1] = lo[s, 1:]

@@ -38,6 +38,11 @@ class Tiles:
         # use Q for the tile as far as it goes and fill the rest with P.
         bq = min(_next_power_of_2(Q), threads)
         bp = min(_next_power_of_2(P), max(1, threads // bq))
+        return cls.of_block(bp, bq)
+
+    @classmethod
+    def of_block(cls, bp: int, bq: int) -> Tiles:
+        """A (bp, bq) tile with warps for its threads (one system per thread, up to 4 warps)."""
         return cls(bp=bp, bq=bq, num_warps=max(1, min(4, bp * bq // 32)))
 
 

@@ -1,0 +1,172 @@
+"""Factor once, solve many: `TridiagonalFactorization` and the factored solve's derivatives.
+
+The factors are A = L D V with L unit lower bidiagonal (sub-diagonal l), D = diag(m) the
+inverse pivots and V unit upper bidiagonal (super-diagonal c'), all stored along the solve
+axis with the bands' shape. A solve then needs no division: y[i] = b[i] - l[i]*y[i-1],
+x[i] = m[i]*y[i] - c'[i]*x[i+1] (kernels: kind "factored" in `_kernels/`), and the transposed
+solve (reverse mode) is the same sweep with l and c' exchanged.
+
+A periodic matrix A = T' + u v^T (Sherman-Morrison, see `solve_periodic_tridiagonal`) stores
+the factors of T' and the correction w = T'^{-1}u / (1 + v.T'^{-1}u): then
+x = y - (y[0] + kappa*y[N-1]) w with y = T'^{-1}b, one factored solve and one elementwise pass.
+
+Derivatives are implicit: the factors are computed from stop_gradient(bands) and carry no
+tangent; `solve` differentiates as x = A^{-1}b with the bands it keeps, dx = A^{-1}(db - dA x),
+so the tangent is one more factored solve and reverse mode one transposed factored solve.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+from jax.custom_derivatives import SymbolicZero
+
+from . import _backend, _bands, _layout
+from ._kernels import _xla_thomas
+from ._primitive import tridiagonal_solve_p
+from ._solve import check_periodic_size, prepare_operands
+
+_BAND_NAMES = ("lower", "diag", "upper")
+
+
+class TridiagonalFactorization(eqx.Module):
+    """The eliminated form of a `tridiax.Tridiagonal`, made by `Tridiagonal.factor()`.
+
+    `solve(rhs)` reads the stored factors instead of eliminating again: no divisions, and the
+    pivots are computed once however many right-hand sides follow (implicit time stepping
+    with fixed coefficients). Differentiable w.r.t. `rhs` and the bands it was made from.
+
+    **Fields** (all along `axis`, with the broadcast shape of the bands):
+
+    - `lower`, `diag`, `upper`: the operator's bands (kept for the derivatives).
+    - `lower_factor` (l), `inverse_pivots` (m), `upper_factor` (c'): A = L D V with
+      L[i, i-1] = l[i], D = diag(m), V[i, i+1] = c'[i].
+    - `periodic_correction` (w) and `periodic_weight` (kappa, size 1 along `axis`): for a
+      periodic operator, x = y - (y[0] + kappa*y[N-1]) w; None otherwise.
+    - `axis` (negative, counted from the end), `periodic`, `backend`, `block`: static.
+    """
+
+    lower: Array
+    diag: Array
+    upper: Array
+    lower_factor: Array
+    inverse_pivots: Array
+    upper_factor: Array
+    periodic_correction: Array | None
+    periodic_weight: Array | None
+    axis: int = eqx.field(static=True)
+    periodic: bool = eqx.field(static=True, default=False)
+    backend: str | None = eqx.field(static=True, default=None)
+    block: tuple[int, int] | None = eqx.field(static=True, default=None)
+
+    def solve(self, rhs: Array) -> Array:
+        """x with A x = rhs, `rhs` broadcasting against the bands (more leading batch
+        dimensions allowed); returns the broadcast shape."""
+        arrays = [self.lower, self.diag, self.upper, self.lower_factor, self.inverse_pivots,
+                  self.upper_factor]
+        names = list(_BAND_NAMES) + ["lower_factor", "inverse_pivots", "upper_factor"]
+        if self.periodic:
+            arrays += [self.periodic_correction, self.periodic_weight]
+            names += ["periodic_correction", "periodic_weight"]
+        operands, axis = prepare_operands(arrays + [rhs], names + ["rhs"], self.axis)
+        n, n_rhs = operands[3].shape[axis], operands[-1].shape[axis]
+        if n != n_rhs and n_rhs != 1:
+            raise ValueError(
+                f"rhs has {n_rhs} rows along axis {self.axis} but this factorization was made "
+                f"for N = {n}" + (" (every band was constant along the axis, so N was unknown: "
+                                  "give one band its N rows before factor())" if n == 1 else "")
+                + ".")
+        static = (axis, self.periodic, self.backend, self.block)
+        return _solve_with(static, tuple(operands[:3]), tuple(operands[3:-1]), operands[-1])
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _solve_with(static, bands, factors, rhs):
+    axis, periodic, backend, block = static
+    l, m, c = factors[:3]
+    x = tridiagonal_solve_p.bind(l, m, c, rhs, axis=axis, transposed=False, backend=backend,
+                                 kind="factored", block=block)
+    if periodic:
+        w, kappa = factors[3:]
+        n = x.shape[axis]
+        first = lax.slice_in_dim(x, 0, 1, axis=axis)
+        last = lax.slice_in_dim(x, n - 1, n, axis=axis)
+        x = x - (first + kappa * last) * w
+    return x
+
+
+def _solve_with_jvp(static, primals, tangents):
+    axis, periodic = static[:2]
+    bands, factors, rhs = primals
+    bands_t, _, rhs_t = tangents  # the factors' tangents are zero: made from stop_gradient
+    x = _solve_with(static, bands, factors, rhs)
+    band_t = [None if isinstance(t, SymbolicZero) else t for t in bands_t]
+    terms = [] if isinstance(rhs_t, SymbolicZero) else [rhs_t]
+    if any(t is not None for t in band_t):
+        terms.append(-_bands.matvec(*band_t, x, axis=axis, periodic=periodic))
+    if not terms:
+        return x, jnp.zeros_like(x)
+    return x, _solve_with(static, bands, factors, sum(terms[1:], terms[0]))
+
+
+_solve_with.defjvp(_solve_with_jvp, symbolic_zeros=True)
+
+
+def factor(lower, diag, upper, *, axis: int, periodic: bool = False, backend=None,
+           block=None) -> TridiagonalFactorization:
+    """Eliminate the bands once (see `TridiagonalFactorization`); `axis` may be negative."""
+    bands, axis_nn = prepare_operands((lower, diag, upper), _BAND_NAMES, axis)
+    dtype = bands[0].dtype
+    _backend.check_backend(backend, dtype)
+    full = _layout.broadcast_shape(*bands)
+    n = full[axis_nn]
+    if periodic:
+        check_periodic_size(bands, axis_nn)
+    lo, di, up = (lax.stop_gradient(b) for b in bands)
+    if periodic:
+        # T' = A - u v^T without its corners: d'[0] = 2 d[0], d'[N-1] = d[N-1] + alpha*beta/d[0].
+        d0 = lax.slice_in_dim(di, 0, 1, axis=axis_nn)
+        alpha = lax.slice_in_dim(lo, 0, 1, axis=axis_nn)
+        beta = lax.slice_in_dim(up, up.shape[axis_nn] - 1, up.shape[axis_nn], axis=axis_nn)
+        di = _set_ends(_bands.broadcast_along(di, axis_nn, n), 2 * d0,
+                       lax.slice_in_dim(_bands.broadcast_along(di, axis_nn, n), n - 1, n,
+                                        axis=axis_nn) + alpha * beta / d0, axis_nn)
+    factors = _factor_arrays(lo, di, up, axis_nn, dtype)
+    correction = weight = None
+    if periodic:
+        # z = T'^{-1} u with u = (gamma, 0, ..., 0, beta), gamma = -d[0]; w = z / (1 + v.z).
+        zero = jnp.zeros(full[:axis_nn] + (n - 2,) + full[axis_nn + 1:], dtype)
+        u = lax.concatenate([jnp.broadcast_to(-d0, zero.shape[:axis_nn] + (1,) + zero.shape[axis_nn + 1:]),
+                             zero,
+                             jnp.broadcast_to(beta, zero.shape[:axis_nn] + (1,) + zero.shape[axis_nn + 1:])],
+                            axis_nn)
+        z = tridiagonal_solve_p.bind(*factors, u, axis=axis_nn, transposed=False, backend=backend,
+                                     kind="factored", block=_backend.check_block(block))
+        weight = -alpha / d0
+        denominator = (1 + lax.slice_in_dim(z, 0, 1, axis=axis_nn)
+                       + weight * lax.slice_in_dim(z, n - 1, n, axis=axis_nn))
+        correction = z / denominator
+    return TridiagonalFactorization(
+        *bands, *factors, correction, weight, axis=axis_nn - len(full), periodic=periodic,
+        backend=backend, block=_backend.check_block(block))
+
+
+def _set_ends(x: Array, first: Array, last: Array, axis: int) -> Array:
+    """x with its first and last entries along `axis` replaced (no select: vmap-friendly)."""
+    n = x.shape[axis]
+    middle = lax.slice_in_dim(x, 1, n - 1, axis=axis)
+    shape = middle.shape[:axis] + (1,) + middle.shape[axis + 1:]
+    return lax.concatenate([jnp.broadcast_to(first, shape), middle,
+                            jnp.broadcast_to(last, shape)], axis)
+
+
+def _factor_arrays(lower, diag, upper, axis: int, dtype) -> tuple[Array, Array, Array]:
+    """(l, m, c') of the bands along `axis`, each of the bands' broadcast shape."""
+    full = _layout.broadcast_shape(lower, diag, upper)
+    views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper)]
+    # The forward elimination without a right-hand side, as an XLA loop on every platform.
+    return tuple(f.reshape(full) for f in _xla_thomas.factor_pnq(*views, out_dtype=dtype))

@@ -1,0 +1,227 @@
+"""Equinox modules for the Equinox way of working: the operator `Tridiagonal` and the solver
+`TDMA`. Both are pytrees (bands are leaves, settings are static), so they pass through jit,
+vmap and grad; the work is done by `_solve.py` and `_factorization.py`."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from . import _backend, _bands
+from ._factorization import TridiagonalFactorization, factor
+from ._solve import check_periodic_size, prepare_operands, solve
+
+_NAMES = ("lower", "diag", "upper")
+
+
+class Tridiagonal(eqx.Module):
+    r"""Many tridiagonal matrices lying along `axis` of N-d band arrays, as one operator.
+
+    Row i of each matrix reads `lower[i]*x[i-1] + diag[i]*x[i] + upper[i]*x[i+1]` (the
+    convention of `tridiax.solve_tridiagonal`: `lower[0]` and `upper[-1]` are ignored). With
+    `periodic=True` indices wrap around: `lower[0]` is A[0, N-1] and `upper[N-1]` is
+    A[N-1, 0] (N >= 3).
+
+    **Arguments:**
+
+    - `lower`, `diag`, `upper`: arrays that broadcast together, e.g. `(N,)` for one matrix,
+      `(N, B)` with `axis=0` for B matrices, `(N, 1)` for one matrix shared by B columns, or
+      size 1 along `axis` for coefficients constant along the system.
+    - `axis`: the axis the systems lie along; stored counting from the end, so the operator
+      applies to right-hand sides with more leading batch dimensions than the bands.
+    - `periodic`: cyclic matrices (rings, periodic grids, closed splines).
+
+    Checked in `__check_init__`: floating or complex dtypes, shapes that broadcast, `axis` in
+    range, N >= 3 when periodic.
+
+    **Operations:** `A.mv(x)` (A @ x along `axis`), `A.T`, `A.as_matrix()`, `A.solve(rhs)`,
+    `A.factor()` (see `TridiagonalFactorization`), `s * A`, `-A`, `A.shift_diagonal(s)`
+    (A + s I) and `A + B`, `A - B` for operators on the same axis. Implicit Euler for
+    u_t = L u is `L.scale(-dt).shift_diagonal(1.0).solve(u)`, i.e. (I - dt L) u' = u.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, tridiax
+    n, dt = 64, 1e-3
+    lap = tridiax.Tridiagonal(jnp.ones(n), -2 * jnp.ones(n), jnp.ones(n)) * (n + 1) ** 2
+    step = (-dt * lap).shift_diagonal(1.0).factor()  # I - dt*L, eliminated once
+    u = jnp.sin(jnp.pi * jnp.linspace(0, 1, n + 2)[1:-1])
+    for _ in range(10):
+        u = step.solve(u)
+    ```
+    """
+
+    lower: Array
+    diag: Array
+    upper: Array
+    axis: int = eqx.field(static=True)
+    periodic: bool = eqx.field(static=True)
+
+    def __init__(self, lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, *, axis: int = -1,
+                 periodic: bool = False):
+        self.lower, self.diag, self.upper = (_as_array(b) for b in (lower, diag, upper))
+        ndim = max(jnp.ndim(b) for b in (self.lower, self.diag, self.upper))
+        in_range = isinstance(axis, int) and 0 <= axis < ndim
+        self.axis = axis - ndim if in_range else axis  # counted from the end
+        self.periodic = bool(periodic)
+
+    def __check_init__(self):
+        bands, axis = prepare_operands((self.lower, self.diag, self.upper), _NAMES, self.axis)
+        if self.periodic:
+            check_periodic_size(bands, axis)
+
+    # --- shapes -------------------------------------------------------------------------
+
+    @property
+    def ndim(self) -> int:
+        return max(jnp.ndim(b) for b in (self.lower, self.diag, self.upper))
+
+    def _expanded(self, ndim: int) -> tuple[list[Array], int]:
+        """The bands with leading size-1 dimensions up to `ndim`, and the axis >= 0."""
+        ndim = max(ndim, self.ndim)
+        bands = [jnp.reshape(b, (1,) * (ndim - jnp.ndim(b)) + jnp.shape(b))
+                 for b in (self.lower, self.diag, self.upper)]
+        return bands, ndim + self.axis
+
+    # --- linear algebra -----------------------------------------------------------------
+
+    def mv(self, x: ArrayLike) -> Array:
+        """A @ x along `axis` for every system (x broadcasts against the bands)."""
+        (lo, di, up, x), axis = prepare_operands((self.lower, self.diag, self.upper, x),
+                                                 _NAMES + ("x",), self.axis)
+        n = max(b.shape[axis] for b in (lo, di, up))
+        if x.shape[axis] != n and n != 1:
+            raise ValueError(f"x has {x.shape[axis]} rows along axis {self.axis}, the "
+                             f"operator {n}.")
+        return _bands.matvec(lo, di, up, x, axis=axis, periodic=self.periodic)
+
+    @property
+    def T(self) -> Tridiagonal:
+        """The transposed operator: lower_T[i] = upper[i-1], upper_T[i] = lower[i+1] (cyclic
+        when periodic). A band constant along the axis stays size 1."""
+        (lo, di, up), axis = self._expanded(0)
+
+        def moved(band, k):
+            if band.shape[axis] == 1:
+                return band
+            return _bands.roll(band, k, axis) if self.periodic else _bands.shift(band, k, axis)
+
+        return Tridiagonal(moved(up, 1), di, moved(lo, -1), axis=self.axis, periodic=self.periodic)
+
+    def as_matrix(self) -> Array:
+        """Dense matrices, shape `batch + (N, N)` with `batch` the bands' broadcast shape
+        without `axis`. For checking small systems: N*N values per system."""
+        (lo, di, up), axis = self._expanded(0)
+        shape = np.broadcast_shapes(lo.shape, di.shape, up.shape)
+        n = shape[axis]
+        lo, di, up = (jnp.moveaxis(jnp.broadcast_to(b, shape), axis, -1)[..., :, None]
+                      for b in (lo, di, up))
+        rows = np.arange(n)
+        eye = rows[:, None] == rows[None, :]
+        below = rows[:, None] - 1 == rows[None, :]
+        above = rows[:, None] + 1 == rows[None, :]
+        if self.periodic:
+            below = below | ((rows[:, None] == 0) & (rows[None, :] == n - 1))
+            above = above | ((rows[:, None] == n - 1) & (rows[None, :] == 0))
+        zero = jnp.zeros((), di.dtype)
+        return (jnp.where(eye, di, zero) + jnp.where(below, lo, zero)
+                + jnp.where(above, up, zero))
+
+    def solve(self, rhs: ArrayLike) -> Array:
+        """x with A x = rhs (`tridiax.solve_tridiagonal`, or the periodic solve)."""
+        return TDMA()(self, rhs)
+
+    def factor(self) -> TridiagonalFactorization:
+        """Eliminate once; `.solve(rhs)` of the result reuses the pivots (differentiable)."""
+        return factor(self.lower, self.diag, self.upper, axis=self.axis, periodic=self.periodic)
+
+    # --- operator algebra (elementwise on the bands; fused by XLA under jit) -------------
+
+    def scale(self, s: ArrayLike) -> Tridiagonal:
+        """s * A for a scalar `s` (or an array broadcasting like a band)."""
+        s = jnp.asarray(s)
+        return Tridiagonal(s * self.lower, s * self.diag, s * self.upper, axis=self.axis,
+                           periodic=self.periodic)
+
+    def shift_diagonal(self, s: ArrayLike) -> Tridiagonal:
+        """A + s*I for a scalar `s` (or an array broadcasting like a band): only the diagonal
+        changes; lower and upper are the same arrays."""
+        return Tridiagonal(self.lower, self.diag + jnp.asarray(s), self.upper, axis=self.axis,
+                           periodic=self.periodic)
+
+    def __mul__(self, s):
+        if isinstance(s, Tridiagonal):
+            return NotImplemented
+        return self.scale(s)
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return self.scale(-1)
+
+    def __add__(self, other):
+        if not isinstance(other, Tridiagonal):
+            return NotImplemented
+        if (other.axis, other.periodic) != (self.axis, self.periodic):
+            raise ValueError("operators added together must share axis and periodic, got "
+                             f"axis {self.axis}/{other.axis}, periodic "
+                             f"{self.periodic}/{other.periodic}.")
+        return Tridiagonal(self.lower + other.lower, self.diag + other.diag,
+                           self.upper + other.upper, axis=self.axis, periodic=self.periodic)
+
+    def __sub__(self, other):
+        if not isinstance(other, Tridiagonal):
+            return NotImplemented
+        return self + (-other)
+
+
+class TDMA(eqx.Module):
+    """The tridiagonal solver (Thomas algorithm) as a module: `TDMA()(operator, rhs)`.
+
+    **Fields** (static, so a TDMA is a leafless pytree):
+
+    - `backend`: None for the platform's default, or one of "native" (C++ on CPU), "xla",
+      "pallas_triton" (GPU), "pallas_interpret" (tests); see `tridiax._backend`.
+    - `block`: None, or the (bp, bq) tile of systems one Pallas program solves (powers of
+      two; bp along the batch axes before `axis`, bq along those after it). Other backends
+      choose their own tiling.
+
+    `operator` is a `tridiax.Tridiagonal` (periodic or not) or a `TridiagonalFactorization`
+    (then the backend and block it was made with apply).
+    """
+
+    backend: str | None = eqx.field(static=True, default=None)
+    block: tuple[int, int] | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if self.backend is not None and self.backend not in _backend.BACKENDS:
+            raise ValueError(f"backend must be None or one of {_backend.BACKENDS}, got "
+                             f"{self.backend!r}.")
+        _backend.check_block(self.block)
+
+    def __call__(self, operator, rhs: ArrayLike) -> Array:
+        if isinstance(operator, TridiagonalFactorization):
+            return operator.solve(rhs)
+        if not isinstance(operator, Tridiagonal):
+            raise TypeError("TDMA solves a tridiax.Tridiagonal or TridiagonalFactorization, "
+                            f"got {type(operator).__name__}; for lineax operators use "
+                            "tridiax.lineax.TDMA().")
+        return solve(operator.lower, operator.diag, operator.upper, rhs, axis=operator.axis,
+                     backend=self.backend, periodic=operator.periodic, block=self.block)
+
+    def factor(self, operator: Tridiagonal) -> TridiagonalFactorization:
+        """`operator.factor()` with this solver's backend and block sizes."""
+        return factor(operator.lower, operator.diag, operator.upper, axis=operator.axis,
+                      periodic=operator.periodic, backend=self.backend, block=self.block)
+
+
+def _as_array(x):
+    """An array, or `x` unchanged when it is not array-like (__check_init__ then says so)."""
+    try:
+        return jnp.asarray(x)
+    except TypeError:
+        return x

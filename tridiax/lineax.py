@@ -1,0 +1,92 @@
+"""lineax interop: `tridiax.lineax.TDMA`, a lineax solver that runs tridiax's kernels.
+
+    import lineax as lx, tridiax
+    op = lx.TridiagonalLinearOperator(diag, lower_diag, upper_diag)   # (N,), (N-1,), (N-1,)
+    x = lx.linear_solve(op, b, solver=tridiax.lineax.TDMA()).value
+
+`jax.vmap` over a batch of operators and right-hand sides runs one batched kernel (tridiax's
+batching rule), not a loop. Needs lineax (`pip install ".[lineax]"`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+try:
+    import lineax as lx
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "tridiax.lineax needs lineax, an optional dependency: pip install lineax "
+        "(or install tridiax with the extra: pip install \".[lineax]\")."
+    ) from err
+
+from . import _backend
+from ._solve import solve
+
+__all__ = ["TDMA"]
+
+
+class TDMA(lx.AbstractLinearSolver):
+    """The Thomas algorithm as a lineax solver, for operators tagged tridiagonal
+    (`lineax.TridiagonalLinearOperator`, or any operator with `lineax.tridiagonal_tag`).
+
+    No pivoting: stable for diagonally dominant and symmetric positive definite matrices.
+    A zero pivot gives a non-finite solution, reported as `lineax.RESULTS.singular` (so
+    `linear_solve(..., throw=True)` raises). Gradients w.r.t. the operator and the vector
+    come from lineax's implicit differentiation, which calls this solver's transpose.
+
+    **Fields** (static): `backend` and `block` as in `tridiax.TDMA`.
+    """
+
+    backend: str | None = eqx.field(static=True, default=None)
+    block: tuple[int, int] | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if self.backend is not None and self.backend not in _backend.BACKENDS:
+            raise ValueError(f"backend must be None or one of {_backend.BACKENDS}, got "
+                             f"{self.backend!r}.")
+        _backend.check_block(self.block)
+
+    def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
+        del options
+        if operator.in_size() != operator.out_size():
+            raise ValueError(
+                "tridiax.lineax.TDMA solves square systems; the operator maps "
+                f"{operator.in_size()} values to {operator.out_size()}.")
+        if not lx.is_tridiagonal(operator):
+            raise ValueError(
+                f"tridiax.lineax.TDMA needs a tridiagonal operator, got {type(operator).__name__} "
+                "without lineax.tridiagonal_tag. Use lineax.TridiagonalLinearOperator(diag, "
+                "lower_diag, upper_diag), or tag the operator if it is tridiagonal.")
+        if jax.tree.structure(operator.in_structure()) != jax.tree.structure(
+                operator.out_structure()):
+            raise ValueError("tridiax.lineax.TDMA needs the same input and output structure.")
+        return lx.tridiagonal(operator)
+
+    def compute(self, state, vector, options: dict[str, Any]):
+        del options
+        diag, lower, upper = state
+        flat, unravel = ravel_pytree(vector)
+        zero = jnp.zeros((1,), diag.dtype)
+        # lineax stores the off-diagonals with N-1 entries; tridiax's bands have N (lower[0]
+        # and upper[N-1] ignored).
+        x = solve(jnp.concatenate([zero, lower]), diag, jnp.concatenate([upper, zero]), flat,
+                  axis=-1, backend=self.backend, block=self.block)
+        result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful,
+                                  lx.RESULTS.singular)
+        return unravel(x), result, {}
+
+    def transpose(self, state, options: dict[str, Any]):
+        diag, lower, upper = state
+        return (diag, upper, lower), options
+
+    def conj(self, state, options: dict[str, Any]):
+        return tuple(jnp.conj(x) for x in state), options
+
+    def assume_full_rank(self) -> bool:
+        return True
