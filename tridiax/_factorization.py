@@ -11,8 +11,9 @@ the factors of T' and the correction w = T'^{-1}u / (1 + v.T'^{-1}u): then
 x = y - (y[0] + kappa*y[N-1]) w with y = T'^{-1}b, one factored solve and one elementwise pass.
 
 Derivatives are implicit: the factors are computed from stop_gradient(bands) and carry no
-tangent; `solve` differentiates as x = A^{-1}b with the bands it keeps, dx = A^{-1}(db - dA x),
-so the tangent is one more factored solve and reverse mode one transposed factored solve.
+tangent; `solve` is a `lax.custom_linear_solve` whose matrix-vector product uses the bands it
+keeps, so dx = A^{-1}(db - dA x) is one more factored solve and reverse mode one transposed
+factored solve (the same kernel with l and c' exchanged), at every order.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import Array, lax
-from jax.custom_derivatives import SymbolicZero
 
 from . import _backend, _bands, _layout
 from ._kernels import _xla_thomas
@@ -84,8 +84,30 @@ class TridiagonalFactorization(eqx.Module):
         return _solve_with(static, tuple(operands[:3]), tuple(operands[3:-1]), operands[-1])
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _solve_with(static, bands, factors, rhs):
+    """A^{-1} rhs from the stored factors, as `lax.custom_linear_solve`: the matrix-vector
+    product closes over the bands (differentiable), the solves over the factors (not). Its
+    rules give dx = A^{-1}(db - dA x) and a transpose that is again such a solve, so reverse
+    mode and every higher order stay differentiable w.r.t. the bands."""
+    axis, periodic, backend, block = static
+    shape = _layout.broadcast_shape(*bands, *factors, rhs)
+    rhs = jnp.broadcast_to(rhs, shape)  # custom_linear_solve maps x and b of one shape
+
+    def matvec(x):
+        return jnp.broadcast_to(_bands.matvec(*bands, x, axis=axis, periodic=periodic), shape)
+
+    def solve(_, b):
+        return jnp.broadcast_to(_apply_factors(static, factors, b), shape)
+
+    def transpose_solve(_, g):
+        (out,) = jax.linear_transpose(functools.partial(solve, None), g)(g)
+        return out
+
+    return lax.custom_linear_solve(matvec, rhs, solve, transpose_solve)
+
+
+def _apply_factors(static, factors, rhs):
+    """x = A^{-1} rhs with A = L D V (and the periodic correction): one factored sweep."""
     axis, periodic, backend, block = static
     l, m, c = factors[:3]
     x = tridiagonal_solve_p.bind(l, m, c, rhs, axis=axis, transposed=False, backend=backend,
@@ -97,23 +119,6 @@ def _solve_with(static, bands, factors, rhs):
         last = lax.slice_in_dim(x, n - 1, n, axis=axis)
         x = x - (first + kappa * last) * w
     return x
-
-
-def _solve_with_jvp(static, primals, tangents):
-    axis, periodic = static[:2]
-    bands, factors, rhs = primals
-    bands_t, _, rhs_t = tangents  # the factors' tangents are zero: made from stop_gradient
-    x = _solve_with(static, bands, factors, rhs)
-    band_t = [None if isinstance(t, SymbolicZero) else t for t in bands_t]
-    terms = [] if isinstance(rhs_t, SymbolicZero) else [rhs_t]
-    if any(t is not None for t in band_t):
-        terms.append(-_bands.matvec(*band_t, x, axis=axis, periodic=periodic))
-    if not terms:
-        return x, jnp.zeros_like(x)
-    return x, _solve_with(static, bands, factors, sum(terms[1:], terms[0]))
-
-
-_solve_with.defjvp(_solve_with_jvp, symbolic_zeros=True)
 
 
 def factor(lower, diag, upper, *, axis: int, periodic: bool = False, backend=None,
