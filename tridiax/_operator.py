@@ -64,7 +64,7 @@ class Tridiagonal(eqx.Module):
     def __init__(self, lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, *, axis: int = -1,
                  periodic: bool = False):
         self.lower, self.diag, self.upper = (_as_array(b) for b in (lower, diag, upper))
-        ndim = max(jnp.ndim(b) for b in (self.lower, self.diag, self.upper))
+        ndim = max(getattr(b, "ndim", 0) for b in (self.lower, self.diag, self.upper))
         in_range = isinstance(axis, int) and 0 <= axis < ndim
         self.axis = axis - ndim if in_range else axis  # counted from the end
         self.periodic = bool(periodic)
