@@ -60,6 +60,13 @@ def check_block(block) -> tuple[int, int] | None:
     return bp, bq
 
 
+def check_solver_settings(backend: str | None, block) -> None:
+    """The checks of a solver module's static settings (tridiax.TDMA, tridiax.lineax.TDMA)."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
+    check_block(block)
+
+
 def check_backend(backend: str | None, dtype, *, activation=None) -> None:
     """Raise ValueError for a backend override that cannot run this dtype (or activation)."""
     if backend is None:

@@ -198,10 +198,7 @@ class TDMA(eqx.Module):
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        if self.backend is not None and self.backend not in _backend.BACKENDS:
-            raise ValueError(f"backend must be None or one of {_backend.BACKENDS}, got "
-                             f"{self.backend!r}.")
-        _backend.check_block(self.block)
+        _backend.check_solver_settings(self.backend, self.block)
 
     def __call__(self, operator, rhs: ArrayLike) -> Array:
         if isinstance(operator, TridiagonalFactorization):

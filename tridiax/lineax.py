@@ -47,10 +47,7 @@ class TDMA(lx.AbstractLinearSolver):
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        if self.backend is not None and self.backend not in _backend.BACKENDS:
-            raise ValueError(f"backend must be None or one of {_backend.BACKENDS}, got "
-                             f"{self.backend!r}.")
-        _backend.check_block(self.block)
+        _backend.check_solver_settings(self.backend, self.block)
 
     def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
         del options
