@@ -4,19 +4,15 @@ import time
 
 import jax
 
+from tridiax._timing import best_time
+
 
 def timed(fn, *args, repeats):
     """(best seconds, compile seconds, compiled function) for `jax.jit(fn)(*args)`."""
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best, compile_s, compiled
+    return best_time(compiled, args, repeats), compile_s, compiled
 
 
 def cell(value, spec):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -17,16 +16,7 @@ import numpy as np
 
 from . import __version__, solve_tridiagonal, verify
 from ._backend import default_backend
-
-
-def _best_time(fn, args, repeats):
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
+from ._timing import best_time
 
 
 def main(argv=None) -> int:
@@ -61,8 +51,8 @@ def main(argv=None) -> int:
 
     lax_solve = jax.jit(lambda l, d, u, b: jax.lax.linalg.tridiagonal_solve(
         l.T, d.T, u.T, b.T[..., None])[..., 0].T)
-    t_tridiax = _best_time(solve, bands, args.repeats)
-    t_lax = _best_time(lax_solve, bands, args.repeats)
+    t_tridiax = best_time(solve, bands, args.repeats)
+    t_lax = best_time(lax_solve, bands, args.repeats)
     print(f"time:    tridiax {t_tridiax * 1e3:.2f} ms, jax.lax.linalg.tridiagonal_solve "
           f"{t_lax * 1e3:.2f} ms ({t_lax / t_tridiax:.1f}x slower; it solves along the last axis "
           "only, so (N, B) data pays its transposes)")

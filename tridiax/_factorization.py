@@ -127,6 +127,7 @@ def factor(lower, diag, upper, *, axis: int, periodic: bool = False, backend=Non
     bands, axis_nn = prepare_operands((lower, diag, upper), _BAND_NAMES, axis)
     dtype = bands[0].dtype
     _backend.check_backend(backend, dtype)
+    block = _backend.check_block(block)
     full = _layout.broadcast_shape(*bands)
     n = full[axis_nn]
     if periodic:
@@ -137,27 +138,22 @@ def factor(lower, diag, upper, *, axis: int, periodic: bool = False, backend=Non
         d0 = lax.slice_in_dim(di, 0, 1, axis=axis_nn)
         alpha = lax.slice_in_dim(lo, 0, 1, axis=axis_nn)
         beta = lax.slice_in_dim(up, up.shape[axis_nn] - 1, up.shape[axis_nn], axis=axis_nn)
-        di = _set_ends(_bands.broadcast_along(di, axis_nn, n), 2 * d0,
-                       lax.slice_in_dim(_bands.broadcast_along(di, axis_nn, n), n - 1, n,
-                                        axis=axis_nn) + alpha * beta / d0, axis_nn)
+        di = _bands.broadcast_along(di, axis_nn, n)
+        d_last = lax.slice_in_dim(di, n - 1, n, axis=axis_nn)
+        di = _set_ends(di, 2 * d0, d_last + alpha * beta / d0, axis_nn)
     factors = _factor_arrays(lo, di, up, axis_nn, dtype)
     correction = weight = None
     if periodic:
         # z = T'^{-1} u with u = (gamma, 0, ..., 0, beta), gamma = -d[0]; w = z / (1 + v.z).
-        zero = jnp.zeros(full[:axis_nn] + (n - 2,) + full[axis_nn + 1:], dtype)
-        u = lax.concatenate([jnp.broadcast_to(-d0, zero.shape[:axis_nn] + (1,) + zero.shape[axis_nn + 1:]),
-                             zero,
-                             jnp.broadcast_to(beta, zero.shape[:axis_nn] + (1,) + zero.shape[axis_nn + 1:])],
-                            axis_nn)
-        z = tridiagonal_solve_p.bind(*factors, u, axis=axis_nn, transposed=False, backend=backend,
-                                     kind="factored", block=_backend.check_block(block))
+        u = _set_ends(jnp.zeros(full, dtype), -d0, beta, axis_nn)
+        z = _apply_factors((axis_nn, False, backend, block), factors, u)
         weight = -alpha / d0
         denominator = (1 + lax.slice_in_dim(z, 0, 1, axis=axis_nn)
                        + weight * lax.slice_in_dim(z, n - 1, n, axis=axis_nn))
         correction = z / denominator
     return TridiagonalFactorization(
         *bands, *factors, correction, weight, axis=axis_nn - len(full), periodic=periodic,
-        backend=backend, block=_backend.check_block(block))
+        backend=backend, block=block)
 
 
 def _set_ends(x: Array, first: Array, last: Array, axis: int) -> Array:

@@ -30,9 +30,12 @@ from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
 
+# Work rows each kind stores as extra outputs: c' (thomas); c' and z (periodic); none (factored).
+_WORK_OUTPUTS = {"thomas": 1, "factored": 0, "periodic": 2}
+
 
 def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tiles, P, Q):
-    half = len(extra) > {"thomas": 1, "factored": 0, "periodic": 2}[kind]
+    half = len(extra) > _WORK_OUTPUTS[kind]  # one more: y' in float32 for a half-precision x
     y_ref = extra[-1] if half else x_ref
     rows = TileRows(P, Q, tiles, x_ref.dtype if not half else extra[-1].dtype)
     load, store, full = rows.load, rows.store, rows.full
@@ -78,13 +81,12 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
 
     c_ref = extra[0]
     periodic = kind == "periodic"
-    d0 = load(d_ref, 0)
+    d_first = load(d_ref, 0)
     if periodic:
         z_ref = extra[1]
         lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
         alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-        d0 = 2 * d0
-    r0 = 1 / d0
+    r0 = 1 / (2 * d_first if periodic else d_first)
     carry = (full(sup(0) * r0), full(load(b_ref, 0) * r0))
     store(c_ref, 0, carry[0])
     store(y_ref, 0, carry[1])
@@ -92,9 +94,9 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         carry += (full(jnp.asarray(-0.5, rows.dtype)),)
         store(z_ref, 0, carry[2])
 
-    def eliminate(i, carry, diag):
+    def eliminate(i, carry):
         a = sub(i)
-        r = 1 / (diag - a * carry[0])
+        r = 1 / (load(d_ref, i) - a * carry[0])
         c = sup(i) * r
         y = (load(b_ref, i) - a * carry[1]) * r
         store(c_ref, i, c)
@@ -104,17 +106,16 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
             z = -a * carry[2] * r
             store(z_ref, i, z)
             out += (full(z),)
-        return out, a, r
+        return out
 
     if not periodic:
-        _, y_last = lax.fori_loop(1, n, lambda i, c: eliminate(i, c, load(d_ref, i))[0], carry)
+        _, y_last = lax.fori_loop(1, n, eliminate, carry)
         back_substitute(c_ref, y_ref, y_last, x_ref)
         return
 
     # Periodic: rows 1..N-2 as usual, row N-1 with d'[N-1] and u[N-1] = beta.
-    carry = lax.fori_loop(1, n - 1, lambda i, c: eliminate(i, c, load(d_ref, i))[0], carry)
+    carry = lax.fori_loop(1, n - 1, eliminate, carry)
     a = sub(n - 1)
-    d_first = load(d_ref, 0)
     r = 1 / (load(d_ref, n - 1) + alpha * beta / d_first - a * carry[0])
     y_last = (load(b_ref, n - 1) - a * carry[1]) * r
     z_last = (beta - a * carry[2]) * r
@@ -136,7 +137,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
     `kind`: "thomas", "factored" or "periodic" (see the module docstring)."""
     N = broadcast_shape(l, d, u, b)[1]
     cdt = compute_dtype(out_dtype)
-    outs = [(N, out_dtype)] + [(N, cdt)] * {"thomas": 1, "factored": 0, "periodic": 2}[kind]
+    outs = [(N, out_dtype)] + [(N, cdt)] * _WORK_OUTPUTS[kind]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
         outs.append((N, cdt))
     kernel = functools.partial(_kernel, n=N, kind=kind, transposed=transposed)

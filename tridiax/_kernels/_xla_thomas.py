@@ -66,7 +66,7 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
         return lax.fori_loop(0, n - 1, back, ybuf).astype(out_dtype)
 
     periodic = kind == "periodic"
-    d0 = row(d, 0)
+    d_first = d0 = row(d, 0)
     if periodic:
         # Sherman-Morrison, as cpu_kernels.cc: gamma = -d[0], corners alpha = A[0, N-1],
         # beta = A[N-1, 0]; z' = T'^{-1}(gamma, 0, ..., 0, beta) rides along the same sweep.
@@ -109,7 +109,7 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     if not periodic:
         return vecs[0].astype(out_dtype)
     y, z = vecs
-    kappa = jnp.expand_dims(-alpha / row(d, 0), axis)
+    kappa = jnp.expand_dims(-alpha / d_first, axis)
     y0, yl = lax.slice_in_dim(y, 0, 1, axis=axis), lax.slice_in_dim(y, n - 1, n, axis=axis)
     z0, zl = lax.slice_in_dim(z, 0, 1, axis=axis), lax.slice_in_dim(z, n - 1, n, axis=axis)
     f = (y0 + kappa * yl) / (1 + z0 + kappa * zl)
@@ -154,8 +154,8 @@ _STRIDED_ROW_LIMIT = 16
 _CHUNK_VALUES = 2048
 
 
-def _by_chunks(fn, operands, n_outputs: int):
-    """Run `fn(*operands_along_axis_0) -> n_outputs arrays` over (P|1, N|1, Q|1) operands.
+def _by_chunks(fn, operands, n_outputs: int, dtype):
+    """Run `fn(*operands, axis) -> n_outputs arrays of dtype` over (P|1, N|1, Q|1) operands.
 
     For Q >= _STRIDED_ROW_LIMIT rows are contiguous and `fn` runs along axis 1 directly.
     Otherwise chunks of systems are swapped into row-major order in cache.
@@ -180,7 +180,6 @@ def _by_chunks(fn, operands, n_outputs: int):
         return tuple(lax.dynamic_update_slice_in_dim(out, jnp.swapaxes(x, 0, 1), start, 0)
                      for out, x in zip(outs, results, strict=True))
 
-    dtype = operands[-1].dtype
     init = tuple(jnp.zeros((P, N, Q), dtype) for _ in range(n_outputs))
     return lax.fori_loop(0, n_chunks, body, init)
 
@@ -192,7 +191,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas") 
         x = sweep(*operands, axis=axis, transposed=transposed, out_dtype=out_dtype, kind=kind)
         return (x,)
 
-    return _by_chunks(solve, (l, d, u, b.astype(out_dtype)), 1)[0]
+    return _by_chunks(solve, (l, d, u, b), 1, out_dtype)[0]
 
 
 def factor_pnq(l, d, u, *, out_dtype) -> tuple[Array, Array, Array]:
@@ -201,5 +200,4 @@ def factor_pnq(l, d, u, *, out_dtype) -> tuple[Array, Array, Array]:
     def factor(*bands, axis):
         return factor_sweep(*bands, axis=axis, out_dtype=out_dtype)
 
-    # _by_chunks takes the output dtype from its last operand; the bands share it.
-    return _by_chunks(factor, [x.astype(out_dtype) for x in (l, d, u)], 3)
+    return _by_chunks(factor, (l, d, u), 3, out_dtype)
