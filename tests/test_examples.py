@@ -1,18 +1,92 @@
-"""The examples run (small sizes) and pass the checks they assert."""
+"""The examples run in their --quick mode and print the results they claim."""
 
 import pathlib
+import re
 import subprocess
 import sys
+
+import pytest
 
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 
 
+def run_example(name: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def number(pattern: str, text: str, group: int = 1) -> float:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not printed:\n{text}"
+    return float(match.group(group))
+
+
 def test_implicit_diffusion_example():
-    out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "implicit_diffusion.py"), "--rods", "64", "--steps", "5"],
-        check=True, capture_output=True, text=True,
-    ).stdout
+    out = run_example("implicit_diffusion.py", "--rods", "64", "--steps", "5")
     assert "implicit differentiation" in out and "finite difference" in out
+
+
+def test_heat_1d_converges_at_second_order(tmp_path):
+    out = run_example("heat_1d.py", "--quick", "--out", str(tmp_path))
+    errors = [float(e) for e in re.findall(r"^\s*\d+\s+\S+\s+\d+\s+(\S+)", out, re.MULTILINE)]
+    assert len(errors) == 3 and errors[0] > errors[1] > errors[2]
+    assert abs(number(r"observed order of convergence: (\S+)", out) - 2) < 0.1
+    assert (tmp_path / "heat_1d.png").stat().st_size > 10_000
+
+
+def test_adi_2d_matches_the_sine_transform_reference(tmp_path):
+    out = run_example("adi_2d.py", "--quick", "--out", str(tmp_path))
+    assert number(r"max \|u - DST reference\| / max \|reference\| = (\S+)", out) < 1e-11
+    for label in ("axis 0 then axis 1", "last axis + transposes", "tridiagonal_solve + transposes"):
+        assert number(re.escape(label) + r"\s+(\S+) ms", out) > 0
+    assert (tmp_path / "adi_2d.png").stat().st_size > 10_000
+
+
+def test_cubic_spline_matches_scipy(tmp_path):
+    out = run_example("cubic_spline.py", "--quick", "--out", str(tmp_path))
+    for kind in ("natural", "periodic"):
+        assert number(kind + r": .*values (\S+), first derivatives", out) < 1e-12
+        assert number(kind + r": .*first derivatives (\S+);", out) < 1e-12
+    assert number(r"largest difference from scipy.interpolate.CubicSpline: (\S+)", out) < 1e-12
+    assert (tmp_path / "cubic_spline.png").stat().st_size > 10_000
+
+
+def test_inverse_diffusivity_recovers_the_profile(tmp_path):
+    out = run_example("inverse_diffusivity.py", "--quick", "--out", str(tmp_path))
+    gradient = number(r"implicit differentiation (\S+),", out)
+    assert gradient == pytest.approx(number(r"finite difference (\S+)", out), rel=1e-5)
+    losses = [float(v) for v in re.findall(r"iteration\s+\d+\s+loss (\S+)", out)]
+    assert len(losses) >= 10 and losses[-1] < 0.05 * losses[0]
+    first, last = number(r"loss: (\S+) -> (\S+)", out), number(r"loss: (\S+) -> (\S+)", out, 2)
+    assert last < 0.05 * first
+    before = number(r"profile error .*: (\S+) \(initial guess\) -> (\S+)", out)
+    after = number(r"profile error .*: (\S+) \(initial guess\) -> (\S+)", out, 2)
+    assert after < 0.5 * before
+    assert (tmp_path / "inverse_diffusivity.png").stat().st_size > 10_000
+
+
+def test_indrnn_learns_the_adding_problem(tmp_path):
+    out = run_example("indrnn_adding.py", "--quick", "--out", str(tmp_path))
+    epochs = re.findall(r"^epoch\s+\d+\s+train MSE (\S+)\s+test MSE (\S+)", out, re.MULTILINE)
+    assert len(epochs) == 10
+    assert float(epochs[-1][1]) < 0.5 / 6 < float(epochs[0][1])  # from baseline-like to below half
+    assert number(r"test MSE (\S+) -> (\S+)", out, 2) < 0.5 / 6
+    assert (tmp_path / "indrnn_adding.png").stat().st_size > 10_000
+
+
+def test_examples_run_without_matplotlib(tmp_path):
+    """--out without matplotlib installed: the script says so and still prints its results."""
+    script = (f"import runpy, sys; sys.modules['matplotlib'] = None; "
+              f"sys.path.insert(0, {str(EXAMPLES)!r}); "
+              f"sys.argv = ['heat_1d.py', '--quick', '--out', {str(tmp_path)!r}]; "
+              f"runpy.run_path({str(EXAMPLES / 'heat_1d.py')!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "observed order of convergence" in result.stdout
+    assert "matplotlib is not installed" in result.stdout
+    assert not list(tmp_path.iterdir())
 
 
 def test_python_dash_m_tridiax():
