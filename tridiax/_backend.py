@@ -60,11 +60,15 @@ def check_block(block) -> tuple[int, int] | None:
     return bp, bq
 
 
-def check_solver_settings(backend: str | None, block) -> None:
-    """The checks of a solver module's static settings (tridiax.TDMA, tridiax.lineax.TDMA)."""
+def check_solver_settings(backend: str | None, block, **flags: bool) -> None:
+    """The checks of a solver module's static settings (tridiax.TDMA, tridiax.lineax.TDMA):
+    backend, block, and flags such as pivoting=..., check=... that must be booleans."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
     check_block(block)
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}.")
 
 
 def check_backend(backend: str | None, dtype, *, activation=None) -> None:

@@ -131,9 +131,10 @@ class Tridiagonal(eqx.Module):
         return (jnp.where(eye, di, zero) + jnp.where(below, lo, zero)
                 + jnp.where(above, up, zero))
 
-    def solve(self, rhs: ArrayLike) -> Array:
-        """x with A x = rhs (`tridiax.solve_tridiagonal`, or the periodic solve)."""
-        return TDMA()(self, rhs)
+    def solve(self, rhs: ArrayLike, *, pivoting: bool = False, check: bool = False) -> Array:
+        """x with A x = rhs (`tridiax.solve_tridiagonal`, or the periodic solve); `pivoting`
+        and `check` as there."""
+        return TDMA(pivoting=pivoting, check=check)(self, rhs)
 
     def factor(self) -> TridiagonalFactorization:
         """Eliminate once; `.solve(rhs)` of the result reuses the pivots (differentiable)."""
@@ -190,28 +191,42 @@ class TDMA(eqx.Module):
       two; bp along the batch axes before `axis`, bq along those after it). Other backends
       choose their own tiling.
 
+    - `pivoting`: partial pivoting (row interchanges, as LAPACK's gtsv) for matrices that are
+      not diagonally dominant; see `tridiax.solve_tridiagonal`. Not for periodic operators.
+    - `check`: raise an error counting the systems that failed (`tridiax.solve_tridiagonal`).
+
     `operator` is a `tridiax.Tridiagonal` (periodic or not) or a `TridiagonalFactorization`
     (then the backend and block it was made with apply).
     """
 
     backend: str | None = eqx.field(static=True, default=None)
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
+    pivoting: bool = eqx.field(static=True, default=False)
+    check: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
-        _backend.check_solver_settings(self.backend, self.block)
+        _backend.check_solver_settings(self.backend, self.block, pivoting=self.pivoting,
+                                       check=self.check)
 
     def __call__(self, operator, rhs: ArrayLike) -> Array:
         if isinstance(operator, TridiagonalFactorization):
+            if self.pivoting or self.check:
+                raise ValueError("a TridiagonalFactorization has no pivoting or check settings; "
+                                 "solve the Tridiagonal operator instead.")
             return operator.solve(rhs)
         if not isinstance(operator, Tridiagonal):
             raise TypeError("TDMA solves a tridiax.Tridiagonal or TridiagonalFactorization, "
                             f"got {type(operator).__name__}; for lineax operators use "
                             "tridiax.lineax.TDMA().")
         return solve(operator.lower, operator.diag, operator.upper, rhs, axis=operator.axis,
-                     backend=self.backend, periodic=operator.periodic, block=self.block)
+                     backend=self.backend, periodic=operator.periodic, block=self.block,
+                     pivoting=self.pivoting, check=self.check)
 
     def factor(self, operator: Tridiagonal) -> TridiagonalFactorization:
-        """`operator.factor()` with this solver's backend and block sizes."""
+        """`operator.factor()` with this solver's backend and block sizes (unpivoted)."""
+        if self.pivoting:
+            raise ValueError("factor() stores an unpivoted factorization; with pivoting=True "
+                             "solve with TDMA(pivoting=True)(operator, rhs) each time.")
         return factor(operator.lower, operator.diag, operator.upper, axis=operator.axis,
                       periodic=operator.periodic, backend=self.backend, block=self.block)
 

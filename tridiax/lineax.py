@@ -35,19 +35,22 @@ class TDMA(lx.AbstractLinearSolver):
     """The Thomas algorithm as a lineax solver, for operators tagged tridiagonal
     (`lineax.TridiagonalLinearOperator`, or any operator with `lineax.tridiagonal_tag`).
 
-    No pivoting: stable for diagonally dominant and symmetric positive definite matrices.
-    A zero pivot gives a non-finite solution, reported as `lineax.RESULTS.singular` (so
-    `linear_solve(..., throw=True)` raises). Gradients w.r.t. the operator and the vector
-    come from lineax's implicit differentiation, which calls this solver's transpose.
+    By default no pivoting: stable for diagonally dominant and symmetric positive definite
+    matrices; `pivoting=True` eliminates with row interchanges (as LAPACK's gtsv) for any
+    nonsingular matrix. A zero pivot gives a non-finite solution, reported as
+    `lineax.RESULTS.singular` (so `linear_solve(..., throw=True)` raises). Gradients w.r.t. the
+    operator and the vector come from lineax's implicit differentiation, which calls this
+    solver's transpose.
 
-    **Fields** (static): `backend` and `block` as in `tridiax.TDMA`.
+    **Fields** (static): `backend`, `block` and `pivoting` as in `tridiax.TDMA`.
     """
 
     backend: str | None = eqx.field(static=True, default=None)
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
+    pivoting: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
-        _backend.check_solver_settings(self.backend, self.block)
+        _backend.check_solver_settings(self.backend, self.block, pivoting=self.pivoting)
 
     def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
         del options
@@ -73,7 +76,7 @@ class TDMA(lx.AbstractLinearSolver):
         # lineax stores the off-diagonals with N-1 entries; tridiax's bands have N (lower[0]
         # and upper[N-1] ignored).
         x = solve(jnp.concatenate([zero, lower]), diag, jnp.concatenate([upper, zero]), flat,
-                  axis=-1, backend=self.backend, block=self.block)
+                  axis=-1, backend=self.backend, block=self.block, pivoting=self.pivoting)
         result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful,
                                   lx.RESULTS.singular)
         return unravel(x), result, {}

@@ -91,13 +91,13 @@ def available() -> bool:
     return True
 
 
-_KINDS = {"thomas": 0, "factored": 1, "periodic": 2}
+_KINDS = {"thomas": 0, "factored": 1, "periodic": 2, "pivoted": 3}
 
 
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas"):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q).
 
-    `kind` is "thomas", "factored" or "periodic", as in `_pallas_thomas.solve_pnq`.
+    `kind` is "thomas", "factored", "periodic" or "pivoted", as in `_pallas_thomas.solve_pnq`.
 
     float16/bfloat16 operands are converted to float32 (the kernel computes in float32 or
     wider) and the result rounded back once.

@@ -14,6 +14,9 @@ transposed matrix, sub[i] = u[i-1], sup[i] = l[i+1]):
   d'[N-1] = d[N-1] + alpha*beta/d[0]) is eliminated for y and for z = T'^{-1}(gamma, 0, ...,
   0, beta) in the same sweep, then x = y - (y[0] + kappa*y[N-1])/(1 + z[0] + kappa*z[N-1]) z
   with kappa = -alpha/d[0].
+- "pivoted": operands (lower, diag, upper, rhs); Gaussian elimination with partial pivoting
+  (row interchanges, as LAPACK's gtsv, one fill-in diagonal): U's rows are stored as 1/pivot,
+  U1, U2 and y, then x[i] = (y[i] - U1[i] x[i+1] - U2[i] x[i+2]) / pivot[i].
 
 Triton has no scratch memory, so c', z (and y' for half precision, which is eliminated in
 float32) are extra outputs that the launcher drops.
@@ -29,9 +32,11 @@ from jax import lax
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
+from ._xla_thomas import pivot_step
 
-# Work rows each kind stores as extra outputs: c' (thomas); c' and z (periodic); none (factored).
-_WORK_OUTPUTS = {"thomas": 1, "factored": 0, "periodic": 2}
+# Work rows each kind stores as extra outputs: c' (thomas); c' and z (periodic); none (factored);
+# 1/pivot, U1 and U2 (pivoted).
+_WORK_OUTPUTS = {"thomas": 1, "factored": 0, "periodic": 2, "pivoted": 3}
 
 
 def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tiles, P, Q):
@@ -57,6 +62,10 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
 
         store(out_ref, n - 1, v_last)
         lax.fori_loop(0, n - 1, step, full(v_last))
+
+    if kind == "pivoted":
+        _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, *extra[:3], n=n)
+        return
 
     if kind == "factored":
         y0 = load(b_ref, 0)
@@ -130,11 +139,40 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
     lax.fori_loop(0, n, combine, None)
 
 
+def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u1_ref, u2_ref,
+             *, n):
+    """Elimination with partial pivoting (`_xla_thomas.pivot_step`); U's rows are stored as
+    1/pivot, U1, U2 (work outputs) and y, then substituted back from the last row."""
+    zero = full(jnp.zeros((), inv_ref.dtype))
+    pending = (full(load(d_ref, 0)), full(sup(0)) if n > 1 else zero, full(load(b_ref, 0)))
+
+    def forward(i, pending):
+        un = jnp.where(i + 2 < n, sup(i + 1), 0)  # sup(N-1) lies outside the matrix
+        kept, pending = pivot_step(pending, sub(i + 1), load(d_ref, i + 1), un,
+                                   load(b_ref, i + 1))
+        for ref, value in zip((inv_ref, u1_ref, u2_ref, y_ref), kept, strict=True):
+            store(ref, i, value)
+        return tuple(full(v) for v in pending)
+
+    a, _, f = lax.fori_loop(0, n - 1, forward, pending)
+    x_last = f / a
+    store(x_ref, n - 1, x_last)
+
+    def backward(k, carry):
+        i = n - 2 - k
+        x1, x2 = carry
+        x = (load(y_ref, i) - load(u1_ref, i) * x1 - load(u2_ref, i) * x2) * load(inv_ref, i)
+        store(x_ref, i, x)
+        return full(x), x1
+
+    lax.fori_loop(0, n - 1, backward, (full(x_last), zero))
+
+
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
               interpret: bool = False, tiles=None, compiler_params=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands with the Pallas kernel; returns (P, N, Q).
 
-    `kind`: "thomas", "factored" or "periodic" (see the module docstring)."""
+    `kind`: "thomas", "factored", "periodic" or "pivoted" (see the module docstring)."""
     N = broadcast_shape(l, d, u, b)[1]
     cdt = compute_dtype(out_dtype)
     outs = [(N, out_dtype)] + [(N, cdt)] * _WORK_OUTPUTS[kind]

@@ -52,6 +52,9 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     row_shape = full[:axis] + full[axis + 1 :]
     zeros = jnp.zeros(full, cdt)
 
+    if kind == "pivoted":
+        return _pivoted(row, sub, d, sup, b, put, n, zeros, row_shape).astype(out_dtype)
+
     if kind == "factored":
         # A = L D V: y[i] = b[i] - l[i]*y[i-1], x[i] = m[i]*y[i] - c'[i]*x[i+1].
         ybuf = put(zeros, jnp.broadcast_to(row(b, 0), row_shape), 0)
@@ -114,6 +117,58 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     z0, zl = lax.slice_in_dim(z, 0, 1, axis=axis), lax.slice_in_dim(z, n - 1, n, axis=axis)
     f = (y0 + kappa * yl) / (1 + z0 + kappa * zl)
     return (y - f * z).astype(out_dtype)
+
+
+def magnitude(x: Array) -> Array:
+    """The size gtsv compares to choose a pivot: |x|, or |Re x| + |Im x| for complex x."""
+    if jnp.iscomplexobj(x):
+        return jnp.abs(x.real) + jnp.abs(x.imag)
+    return jnp.abs(x)
+
+
+def pivot_step(pending, l, d, un, b):
+    """One step of elimination with partial pivoting (see cpu_kernels.cc, `Pivoted`).
+
+    `pending` = (a, c, f): the pending row's entries in columns i, i+1 and its right-hand
+    side; (l, d, un | b): row i+1 of A (un = 0 past the matrix). Returns U's row i as
+    (1/pivot, U1, U2, y) and the next pending row."""
+    a, c, f = pending
+    swap = magnitude(l) > magnitude(a)
+    r = 1 / jnp.where(swap, l, a)
+    m = jnp.where(swap, a, l) * r
+    zero = jnp.zeros_like(un)
+    kept = (jnp.where(swap, d, c), jnp.where(swap, un, zero), jnp.where(swap, b, f))
+    other = (jnp.where(swap, c, d), jnp.where(swap, zero, un), jnp.where(swap, f, b))
+    return (r, *kept), tuple(o - m * k for o, k in zip(other, kept, strict=True))
+
+
+def _pivoted(row, sub, d, sup, b, put, n, zeros, row_shape):
+    """Gaussian elimination with partial pivoting along the axis (kind "pivoted")."""
+
+    def full(x):
+        return jnp.broadcast_to(x, row_shape)
+
+    zero = jnp.zeros(row_shape, zeros.dtype)
+    pending = tuple(full(v) for v in (row(d, 0), sup(0) if n > 1 else zero, row(b, 0)))
+
+    def forward(i, state):
+        pending, stores = state
+        un = jnp.where(i + 2 < n, sup(i + 1), 0)  # sup(N-1) lies outside the matrix
+        kept, pending = pivot_step(pending, sub(i + 1), row(d, i + 1), un, row(b, i + 1))
+        return tuple(full(v) for v in pending), tuple(
+            put(buf, full(v), i) for buf, v in zip(stores, kept, strict=True))
+
+    pending, (inv, u1, u2, y) = lax.fori_loop(0, n - 1, forward, (pending, (zeros,) * 4))
+    a, _, f = pending
+    x_last = f / a
+
+    def backward(k, state):
+        i = n - 2 - k
+        x1, x2, y = state
+        x = (row(y, i) - row(u1, i) * x1 - row(u2, i) * x2) * row(inv, i)
+        return x, x1, put(y, x, i)
+
+    return lax.fori_loop(0, n - 1, backward, (x_last, zero, put(y, x_last, n - 1)))[2]
 
 
 def factor_sweep(l, d, u, *, axis: int, out_dtype) -> tuple[Array, Array, Array]:

@@ -2,9 +2,9 @@
 // systems (TridiaxThomasCpu) and elementwise recurrences h[t] = act(a[t]*h[t-1] + x[t])
 // (TridiaxRecurrenceCpu).
 //
-// Thomas (kind 0), a solve with stored factors (kind 1) and a periodic solve (kind 2):
-// same algorithms, band conventions and (P, N, Q) view as the Pallas kernel
-// (_pallas_thomas.py, which states the three kinds). Each operand is a 3-D array
+// Thomas (kind 0), a solve with stored factors (kind 1), a periodic solve (kind 2) and Gaussian
+// elimination with partial pivoting (kind 3): same algorithms, band conventions and (P, N, Q)
+// view as the Pallas kernel (_pallas_thomas.py, which states the kinds). Each operand is a 3-D array
 // (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by every
 // column is read, never copied.
 //
@@ -49,7 +49,14 @@ Operand MakeOperand(const ffi::AnyBuffer& buf) {
   return op;
 }
 
-enum Kind : int64_t { kThomas = 0, kFactored = 1, kPeriodic = 2 };
+enum Kind : int64_t { kThomas = 0, kFactored = 1, kPeriodic = 2, kPivoted = 3 };
+
+// The size LAPACK's gtsv compares to choose a pivot: |x| for real x, |Re x| + |Im x| (cabs1)
+// for complex x, which needs no square root.
+template <typename T>
+T Magnitude(T x) { return std::abs(x); }
+template <typename R>
+R Magnitude(std::complex<R> x) { return std::abs(x.real()) + std::abs(x.imag()); }
 
 template <typename T>
 class Solver {
@@ -62,7 +69,7 @@ class Solver {
     // W systems per tile: enough to vectorise, few enough that the per-thread scratch stays
     // in cache (measured on a 2-core EPYC, N = 100: 512 along Q, 16 along P were fastest).
     const int64_t bytes = static_cast<int64_t>(sizeof(T)) * N_;
-    const int64_t columns = kind_ == kPeriodic ? 3 : 2;
+    const int64_t columns = kind_ == kPivoted ? 4 : kind_ == kPeriodic ? 3 : 2;
     int64_t w = along_q_ ? std::clamp<int64_t>((int64_t{1} << 20) / (columns * bytes), 1, 512)
                          : std::clamp<int64_t>((int64_t{1} << 16) / (6 * bytes), 1, 16);
     if (w > 8) w -= w % 8;
@@ -73,9 +80,10 @@ class Solver {
 
   int64_t tiles() const { return tiles_; }
   int64_t width() const { return w_; }
-  // Scratch values one thread needs: c', y' and z' (periodic) (N*W each), 4 row buffers, 3
-  // periodic corner buffers, gathered operands.
-  int64_t scratch_size() const { return (3 * N_ + 7 + (along_q_ ? 0 : 4 * N_)) * w_; }
+  // Scratch values one thread needs: c', y', z' (periodic) and a fourth row store (pivoted)
+  // (N*W each), 4 row buffers, 3 buffers for periodic corners or the pivoted sweep's state,
+  // gathered operands.
+  int64_t scratch_size() const { return (4 * N_ + 7 + (along_q_ ? 0 : 4 * N_)) * w_; }
 
   // Solve tiles [begin, end) with the caller's scratch of scratch_size() values.
   void Run(int64_t begin, int64_t end, T* scratch) const {
@@ -129,7 +137,8 @@ class Solver {
     T* c = scratch;                    // c'[i*W + s]
     T* y = c + N * W;                  // y'[i*W + s], then x
     T* z = y + N * W;                  // periodic: z'[i*W + s], then z
-    T* bufs = z + N * W;               // 4 row buffers of W, then 3 for periodic corners
+    T* v = z + N * W;                  // pivoted: 1/pivot[i*W + s]
+    T* bufs = v + N * W;               // 4 row buffers of W, then 3 for corners or state
     for (int k = 0; k < 4; ++k) tile.gathered[k] = nullptr;
     if (!along_q_) {
       T* g = bufs + 7 * W;
@@ -154,6 +163,8 @@ class Solver {
     } else if (kind_ == kThomas) {
       Eliminate(sub, dia, sup, rhs, c, y, W, w);
       BackSubstitute(c, y, W, w);
+    } else if (kind_ == kPivoted) {
+      Pivoted(sub, dia, sup, rhs, bufs + 4 * W, v, c, z, y, W, w);
     } else {
       // Corners of A (A^T when transposed): alpha = A[0, N-1], beta = A[N-1, 0].
       T* alpha = bufs + 4 * W;
@@ -202,6 +213,76 @@ class Solver {
       T* __restrict__ yi = y + i * W;
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) yi[s] -= ci[s] * xn[s];
+    }
+  }
+
+  // Gaussian elimination with partial pivoting (row interchanges), as LAPACK's gtsv: at step i
+  // the pending row (a, c | f) (its entries in columns i and i+1, and its right-hand side) and
+  // row i+1 of A (sub, d, sup | b) compete for the pivot; the larger |column i| entry becomes
+  // row i of U, and the other row, minus m times it, becomes the pending row for step i+1. An
+  // interchange makes U's row i (sub, d, sup): one fill-in diagonal U2. U's rows are kept as
+  // 1/pivot (inv), U1, U2 and y, then x[i] = (y[i] - U1[i] x[i+1] - U2[i] x[i+2]) / pivot[i].
+  // Branch-free, so the W systems of a tile vectorise whichever rows they interchange.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void Pivoted(Sub sub, Dia dia, Sup sup, Rhs rhs, T* state, T* inv, T* u1, T* u2, T* y,
+               int64_t W, int64_t w) const {
+    const int64_t N = N_;
+    T* __restrict__ pa = state;          // pending row: column i
+    T* __restrict__ pc = state + W;      // column i+1
+    T* __restrict__ pf = state + 2 * W;  // right-hand side
+    {
+      const T *d0 = dia(0), *b0 = rhs(0);
+      std::copy(d0, d0 + w, pa);
+      std::copy(b0, b0 + w, pf);
+      if (N > 1) {
+        const T* u0 = sup(0);
+        std::copy(u0, u0 + w, pc);
+      }
+    }
+    for (int64_t i = 0; i + 1 < N; ++i) {
+      // sup(N-1) lies outside the matrix (upper[N-1], or lower[N-1] transposed): never read.
+      const bool fill = i + 2 < N;
+      const T *__restrict__ l = sub(i + 1), *__restrict__ d = dia(i + 1),
+                            *__restrict__ b = rhs(i + 1);
+      const T* __restrict__ u = fill ? sup(i + 1) : nullptr;
+      T* __restrict__ vi = inv + i * W;
+      T* __restrict__ u1i = u1 + i * W;
+      T* __restrict__ u2i = u2 + i * W;
+      T* __restrict__ yi = y + i * W;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) {
+        const T un = fill ? u[s] : T(0);
+        const bool swap = Magnitude(l[s]) > Magnitude(pa[s]);
+        const T pivot = swap ? l[s] : pa[s];
+        const T r = T(1) / pivot;
+        const T m = (swap ? pa[s] : l[s]) * r;
+        const T k1 = swap ? d[s] : pc[s], k2 = swap ? un : T(0), ky = swap ? b[s] : pf[s];
+        const T o1 = swap ? pc[s] : d[s], o2 = swap ? T(0) : un, oy = swap ? pf[s] : b[s];
+        vi[s] = r;
+        u1i[s] = k1;
+        u2i[s] = k2;
+        yi[s] = ky;
+        pa[s] = o1 - m * k1;
+        pc[s] = o2 - m * k2;
+        pf[s] = oy - m * ky;
+      }
+    }
+    T* __restrict__ xl = y + (N - 1) * W;
+#pragma GCC ivdep
+    for (int64_t s = 0; s < w; ++s) xl[s] = pf[s] / pa[s];
+    for (int64_t i = N - 2; i >= 0; --i) {
+      const T *__restrict__ vi = inv + i * W, *__restrict__ u1i = u1 + i * W,
+                            *__restrict__ u2i = u2 + i * W;
+      const T* __restrict__ x1 = y + (i + 1) * W;
+      T* __restrict__ xi = y + i * W;
+      if (i + 2 < N) {
+        const T* __restrict__ x2 = y + (i + 2) * W;
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) xi[s] = (xi[s] - u1i[s] * x1[s] - u2i[s] * x2[s]) * vi[s];
+      } else {
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) xi[s] = (xi[s] - u1i[s] * x1[s]) * vi[s];
+      }
     }
   }
 
