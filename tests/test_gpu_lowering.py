@@ -48,6 +48,10 @@ ENTRY_POINTS = {
                                argnums=(0, 1, 2, 3)), (1000, 100)),
     "factored solve": (lambda l, d, u, b: tridiax.Tridiagonal(l, d, u, axis=0).factor().solve(b),
                        (100, 1000)),
+    "pivoted": (lambda *a: tridiax.solve_tridiagonal(*a, axis=0, pivoting=True), (100, 1000)),
+    "pivoted last axis": (lambda *a: tridiax.solve_tridiagonal(*a, pivoting=True), (1000, 100)),
+    "pivoted grad": (jax.grad(lambda *a: jnp.sum(tridiax.solve_tridiagonal(
+        *a, axis=0, pivoting=True) ** 2), argnums=(0, 1, 2, 3)), (100, 1000)),
     "factored grad": (jax.grad(lambda l, d, u, b: jnp.sum(tridiax.Tridiagonal(l, d, u, axis=0)
                                                           .factor().solve(b) ** 2),
                                argnums=(0, 1, 2, 3)), (100, 1000)),
@@ -92,7 +96,8 @@ def test_cuda_lowering_uses_triton_and_no_transpose(name, dtype):
     lowered = _lower_cuda(f, *args)
     assert "stablehlo.transpose" not in lowered.as_text()
     kernels = triton_kernels(lowered)
-    expected = 2 if name in ("grad", "jvp", "vmap of vjp", "periodic grad", "factored grad") else 1
+    expected = 2 if name in ("grad", "jvp", "vmap of vjp", "periodic grad", "factored grad",
+                             "pivoted grad") else 1
     assert len(kernels) == expected
     for ir in kernels:
         assert "tt.func" in ir and "tt.load" in ir and "tt.store" in ir
