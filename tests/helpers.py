@@ -67,6 +67,19 @@ def dense_solve(lower, diag, upper, rhs, axis):
     return jnp.moveaxis(x, -1, axis)
 
 
+def numpy_loop(a, x, axis=0, reverse=False, initial=None, activation=lambda v: v):
+    """Independent reference: a Python loop over time in float64/complex128 NumPy."""
+    a, x = np.broadcast_arrays(np.asarray(a), np.asarray(x))
+    a, x = np.moveaxis(a, axis, 0), np.moveaxis(x, axis, 0)
+    dtype = np.result_type(a, x, np.float64)
+    h = np.zeros(x.shape[1:], dtype) if initial is None else np.broadcast_to(initial, x.shape[1:])
+    out = np.zeros(x.shape, dtype)
+    for t in (range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])):
+        h = activation(a[t] * h + x[t])
+        out[t] = h
+    return np.moveaxis(out, 0, axis)
+
+
 def assert_close(actual, expected, dtype, factor=1.0):
     actual = np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64)
     expected = np.asarray(expected)

@@ -1,9 +1,14 @@
 """Bad input fails at trace time with a message naming the argument and the shapes."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import backends, random_bands
 
 import tridiax
 from tridiax._solve import solve
@@ -68,3 +73,55 @@ def test_mixed_float_dtypes_promote():
     x = tridiax.solve_tridiagonal(jnp.ones(3, jnp.float32), 3 * jnp.ones(3, jnp.float64),
                                   np.ones(3, np.float16), jnp.ones(3, jnp.float32))
     assert x.dtype == jnp.float64
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("pivoting", [False, True])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("name", ["lower", "diag", "upper", "rhs"])
+def test_nan_or_inf_in_one_system_stays_there(backend, pivoting, bad, name):
+    args = random_bands((6, 4), np.float64, seed=1)  # 4 systems along axis 0
+    clean = np.asarray(solve(*args, axis=0, backend=backend, pivoting=pivoting))
+    position = ("lower", "diag", "upper", "rhs").index(name)
+    args[position][3, 2] = bad  # row 3 of system 2
+    x = np.asarray(solve(*args, axis=0, backend=backend, pivoting=pivoting))
+    np.testing.assert_array_equal(np.delete(x, 2, axis=1), np.delete(clean, 2, axis=1))
+    assert not np.all(np.isfinite(x[:, 2])) or not np.allclose(x[:, 2], clean[:, 2])
+
+
+def test_python_lists_and_numpy_arrays_are_accepted():
+    args = random_bands((5,), np.float64, seed=2)
+    expected = tridiax.solve_tridiagonal(*(jnp.asarray(a) for a in args))
+    np.testing.assert_array_equal(tridiax.solve_tridiagonal(*args), expected)  # NumPy
+    np.testing.assert_array_equal(tridiax.solve_tridiagonal(*(a.tolist() for a in args)), expected)
+
+
+def test_python_lists_of_integers_name_the_argument():
+    with pytest.raises(TypeError, match=r"^diag has dtype int.*astype\(jnp.float32\)"):
+        tridiax.solve_tridiagonal([1.0, 1.0], [2, 2], [1.0, 1.0], [1.0, 1.0])
+
+
+def test_zero_d_bands_are_constant_coefficients():
+    rhs = np.random.default_rng(3).standard_normal((7, 3))
+    x = tridiax.solve_tridiagonal(-1.0, jnp.asarray(2.5), -1.0, rhs, axis=0)
+    column = np.ones((7, 1))
+    expected = tridiax.verify.reference_solve(-column, 2.5 * column, -column, rhs, axis=0)
+    np.testing.assert_allclose(x, expected, rtol=1e-13)
+
+
+def test_complex_and_real_inputs_promote_to_complex():
+    x = tridiax.solve_tridiagonal(jnp.ones(3, jnp.float32), 3 * jnp.ones(3, jnp.complex64),
+                                  jnp.ones(3, jnp.float32), jnp.ones(3, jnp.float32))
+    assert x.dtype == jnp.complex64
+
+
+def test_float64_inputs_in_32_bit_mode_run_in_float32():
+    # JAX's rule: without jax_enable_x64, float64 inputs become float32 when they enter JAX;
+    # tridiax then solves in float32 and returns float32 (README, "dtypes").
+    code = ("import numpy as np, tridiax; "
+            "x = tridiax.solve_tridiagonal(np.ones(4), 3 * np.ones(4), np.ones(4), np.ones(4)); "
+            "print(x.dtype)")
+    env = dict(os.environ, JAX_ENABLE_X64="0")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "float32"

@@ -4,9 +4,9 @@
 //
 // Thomas (kind 0), a solve with stored factors (kind 1), a periodic solve (kind 2) and Gaussian
 // elimination with partial pivoting (kind 3): same algorithms, band conventions and (P, N, Q)
-// view as the Pallas kernel (_pallas_thomas.py, which states the kinds). Each operand is a 3-D array
-// (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by every
-// column is read, never copied.
+// view as the Pallas kernel (_pallas_thomas.py, which states the kinds). Each operand is a 3-D
+// array (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by
+// every column is read, never copied.
 //
 // Work is split into tiles of W systems that are contiguous in memory when the systems run
 // along Q (axis not last), or one system apart when Q is small (axis last). For each row i

@@ -1,0 +1,140 @@
+"""Property-based tests (hypothesis): random shapes, axes, broadcasting, dtypes and matrices.
+
+Each property runs a bounded number of examples in the default run (CI); the same properties
+run with many more examples behind the `large` marker:
+
+    python -m pytest -q tests/test_properties.py -m large
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import backends, numpy_loop
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tridiax import verify
+from tridiax._recurrence import recurrence
+from tridiax._solve import solve
+
+CI_EXAMPLES, LARGE_EXAMPLES = 50, 500
+MAX_VALUES = 60_000  # per example: keeps a large run to minutes
+DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+def property_tests(prop):
+    """The property as two tests: a bounded one, and a long one marked `large`."""
+
+    def make(examples):
+        return settings(max_examples=examples, deadline=None, derandomize=examples == CI_EXAMPLES,
+                        suppress_health_check=[HealthCheck.too_slow])(given(st.data())(prop))
+
+    return make(CI_EXAMPLES), pytest.mark.large(make(LARGE_EXAMPLES))
+
+
+@st.composite
+def layouts(draw, max_n=2000):
+    """(shape, axis, operand shapes for 4 operands) with 1 to 4 dimensions, a solve axis of
+    1 to max_n rows and batch sizes 1 to 9 (rarely a multiple of a block)."""
+    ndim = draw(st.integers(1, 4))
+    axis = draw(st.integers(-ndim, ndim - 1))
+    n = draw(st.one_of(st.integers(1, 8), st.integers(1, max_n)))
+    shape = [draw(st.integers(1, 9)) for _ in range(ndim)]
+    shape[axis] = n
+    while math.prod(shape) > MAX_VALUES:
+        k = max((i for i in range(ndim) if i != axis % ndim), key=lambda i: shape[i], default=None)
+        if k is None or shape[k] == 1:
+            shape[axis] = max(1, MAX_VALUES // max(1, math.prod(shape) // shape[axis]))
+        else:
+            shape[k] = max(1, shape[k] // 2)
+    shape = tuple(shape)
+
+    def operand_shape(may_drop):
+        # Broadcasting: any dimension may be 1, and a band's leading dimensions may be missing
+        # (the rhs keeps every dimension, so a non-negative axis stays in range).
+        kept = [s if draw(st.booleans()) else 1 for s in shape]
+        drop = draw(st.integers(0, ndim - 1)) if may_drop and draw(st.booleans()) else 0
+        return tuple(kept[drop:])
+
+    return shape, axis, [operand_shape(k < 3) for k in range(4)]
+
+
+def draw_array(rng, shape, dtype):
+    x = rng.uniform(-1, 1, shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        x = x + 1j * rng.uniform(-1, 1, shape)
+    return x
+
+
+def _solve_property(data):
+    # Matrices: diagonally dominant; random non-dominant (every band uniform in [-1, 1]; their
+    # conditioning grows exponentially with N, so N <= 100); 1-D Helmholtz (-1, 2 - (kh)^2, -1)
+    # with kh in [1, 1.5] per system: indefinite, the case pivoting exists for.
+    matrix = data.draw(st.sampled_from(["dominant", "random", "helmholtz"]), label="matrix")
+    shape, axis, shapes = data.draw(layouts(max_n=100 if matrix == "random" else 2000),
+                                    label="layout")
+    dtype = np.dtype(data.draw(st.sampled_from(DTYPES), label="dtype"))
+    backend = data.draw(st.sampled_from(backends(dtype)), label="backend")
+    dominant = matrix == "dominant"
+    pivoting = data.draw(st.booleans(), label="pivoting") if dominant else True
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    lower, diag, upper, rhs = (draw_array(rng, s, dtype) for s in shapes)
+    if dominant:  # |diag| >= 2.5 > |lower| + |upper| in every row, whatever broadcasts
+        diag = diag + 3 * np.where(np.real(diag) >= 0, 1, -1)
+    elif matrix == "helmholtz":
+        lower, upper = -np.ones(shapes[0]), -np.ones(shapes[2])
+        constant = tuple(1 if k == len(shapes[1]) + axis % len(shape) - len(shape) else size
+                         for k, size in enumerate(shapes[1]))
+        diag = 2 - rng.uniform(1, 1.5, constant) ** 2
+    args = [np.asarray(a).astype(dtype) for a in (lower, diag, upper, rhs)]
+    expected_shape = np.broadcast_shapes(*(a.shape for a in args))
+    reference = verify.reference_solve(*args, axis=axis)
+    # A nearly singular draw: no precision can be asked of it (its solution may not even be
+    # representable in float32).
+    assume(np.max(np.abs(reference)) < 1e12 * max(np.max(np.abs(args[3])), 1e-30))
+    if backend == "pallas_interpret" and expected_shape[axis] > 300:
+        backend = "xla"  # interpret mode steps row by row in Python-level ops: slow for big N
+    x = solve(*(jnp.asarray(a) for a in args), axis=axis, backend=backend, pivoting=pivoting)
+    assert x.shape == expected_shape and x.dtype == dtype
+    x = np.asarray(x)
+    n, eps = expected_shape[axis], np.finfo(dtype).eps
+    backward = verify.relative_residual(*args[:3], x, args[3], axis=axis)
+    assert np.all(backward < 20 * max(n, 2) * eps), np.max(backward)
+    if dominant:  # well conditioned (cond <= 5): the forward error is small too
+        error = np.max(np.abs(x - reference)) / max(np.max(np.abs(reference)), 1e-30)
+        assert error < 100 * max(n, 2) * eps
+
+
+def _recurrence_property(data):
+    shape, axis, shapes = data.draw(layouts(max_n=1000), label="layout")
+    dtype = np.dtype(data.draw(st.sampled_from(DTYPES), label="dtype"))
+    backend = data.draw(st.sampled_from(backends(dtype)), label="backend")
+    reverse = data.draw(st.booleans(), label="reverse")
+    complex_ = np.issubdtype(dtype, np.complexfloating)
+    relu = data.draw(st.booleans(), label="relu") and not complex_
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    a = draw_array(rng, shapes[0], dtype) / (np.sqrt(2) if complex_ else 1)  # |a| <= 1
+    x = draw_array(rng, shapes[3], dtype)  # full rank: `axis` is in range
+    a, x = np.asarray(a).astype(dtype), np.asarray(x).astype(dtype)
+    full = np.broadcast_shapes(a.shape, x.shape)
+    state = full[: axis % len(full)] + full[axis % len(full) + 1:]
+    initial = rng.uniform(-1, 1, state).astype(dtype) if data.draw(st.booleans()) else None
+    if backend == "pallas_interpret" and full[axis] > 300:
+        backend = "xla"
+    activation = (lambda v: np.maximum(v, 0)) if relu else (lambda v: v)
+    h = recurrence(jnp.asarray(a), jnp.asarray(x), axis=axis, reverse=reverse, initial=initial,
+                   activation=jax.nn.relu if relu else None, backend=backend)
+    expected = numpy_loop(a, x, axis=axis % len(full), reverse=reverse, initial=initial,
+                          activation=activation)
+    assert h.shape == full and h.dtype == dtype
+    scale = max(np.max(np.abs(expected)), 1.0)
+    # |a| <= 1: rounding errors do not grow; each step adds a few eps.
+    tolerance = 10 * max(full[axis], 2) * np.finfo(dtype).eps
+    assert np.max(np.abs(np.asarray(h) - expected)) / scale < tolerance
+
+
+test_solve_property, test_solve_property_large = property_tests(_solve_property)
+test_recurrence_property, test_recurrence_property_large = property_tests(_recurrence_property)
