@@ -212,6 +212,30 @@ def test_check_under_vmap_grad_and_modules():
     assert_close(g, reference, np.float64)
 
 
+@pytest.mark.parametrize("wrap", [jax.jit, eqx.filter_jit])
+def test_check_fires_under_jit_of_grad(wrap):
+    # The solution's value is never used by the gradient: the check rides on the cotangent.
+    lower, diag, upper, rhs = (jnp.asarray(a) for a in _failing())
+    loss = lambda b: jnp.sum(tridiax.solve_tridiagonal(lower, diag, upper, b, check=True))  # noqa: E731
+    with pytest.raises(Exception, match=r"2 of 5 tridiagonal systems failed"):
+        jax.block_until_ready(wrap(jax.grad(loss))(rhs))
+    good = [a[jnp.array([0, 2])] for a in (lower, diag, upper, rhs)]
+    loss = lambda d: jnp.sum(tridiax.solve_tridiagonal(good[0], d, *good[2:], check=True))  # noqa: E731
+    reference = jax.grad(lambda d: jnp.sum(dense_solve(good[0], d, *good[2:], -1)))(good[1])
+    assert_close(wrap(jax.grad(loss))(good[1]), reference, np.float64)
+
+
+def test_check_in_forward_mode():
+    lower, diag, upper, rhs = (jnp.asarray(a) for a in _failing())
+    solve_checked = lambda b: tridiax.solve_tridiagonal(lower, diag, upper, b, check=True)  # noqa: E731
+    with pytest.raises(Exception, match=r"2 of 5 tridiagonal systems failed"):
+        jax.block_until_ready(jax.jit(lambda b: jax.jvp(solve_checked, (b,), (b,))[1])(rhs))
+    good = [a[jnp.array([0, 2])] for a in (lower, diag, upper, rhs)]
+    f = lambda b: tridiax.solve_tridiagonal(*good[:3], b, check=True)  # noqa: E731
+    _, tangent = jax.jvp(f, (good[3],), (jnp.ones_like(good[3]),))
+    assert_close(tangent, dense_solve(*good[:3], jnp.ones_like(good[3]), -1), np.float64)
+
+
 def test_check_periodic():
     lower, diag, upper, rhs = random_bands((3, 7), np.float64, seed=10)
     x = tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, check=True)
@@ -239,7 +263,7 @@ def test_pivoting_settings_errors():
         tridiax.solve_tridiagonal(*args, pivoting="yes")
     with pytest.raises(TypeError, match="check must be True or False"):
         tridiax.TDMA(check=1)
-    with pytest.raises(ValueError, match="factor\\(\\) stores an unpivoted factorization"):
+    with pytest.raises(ValueError, match="unpivoted factorization without a check"):
         tridiax.TDMA(pivoting=True).factor(tridiax.Tridiagonal(*args[:3]))
 
 

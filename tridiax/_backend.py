@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
+import numpy as np
 
 BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
@@ -67,7 +68,7 @@ def check_solver_settings(backend: str | None, block, **flags: bool) -> None:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
     check_block(block)
     for name, flag in flags.items():
-        if not isinstance(flag, bool):
+        if not isinstance(flag, bool | np.bool_):
             raise TypeError(f"{name} must be True or False, got {flag!r}.")
 
 

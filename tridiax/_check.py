@@ -7,8 +7,10 @@ A system fails when its solution is not finite or its normwise backward error
 exceeds sqrt(eps) of the dtype: half the digits lost in the backward sense, which a stable
 solve (pivoted, or unpivoted on a diagonally dominant matrix) never comes near, and a zero or
 tiny pivot always does. The error is raised through `equinox.branched_error_if`, so it works
-eagerly, under `jax.jit` and `equinox.filter_jit` (which gives the clearest traceback), and
-under vmap and grad.
+eagerly, under `jax.jit` and `equinox.filter_jit` (which gives the clearest traceback), under
+vmap (the count is then that of the worst vmapped instance, out of the systems of one
+instance), and in forward and reverse mode: the check rides on the cotangent too, so
+jit(grad(f)) raises even when the solution's value itself is never used.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 
 import equinox as eqx
 import jax.numpy as jnp
-from jax import Array
+from jax import Array, lax
 
 from . import _bands
 
@@ -76,5 +78,18 @@ def check_solution(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array
     error = norm(residual) / jnp.where(scale > 0, scale, 1)
     failed = ~(jnp.isfinite(error) & jnp.all(jnp.isfinite(x), axis=axis)) | (error > tolerance)
     count = jnp.sum(failed, dtype=jnp.int32)
-    return eqx.branched_error_if(solution, count > 0, count,
-                                 BreakdownMessages(total, tolerance, pivoting))
+    return _guard(solution, count, BreakdownMessages(total, tolerance, pivoting))
+
+
+def _guard(x: Array, count: Array, messages: BreakdownMessages) -> Array:
+    """`x`, raising `messages[count]` when count > 0, in every mode of use.
+
+    Under jit(grad(f)) the solution's value is often never used (the backward pass reads the
+    primitive's own residuals), so XLA would drop a check attached to `x` alone. As the
+    "solve" of an identity `lax.custom_linear_solve`, the check also runs on every tangent
+    (forward mode) and, as its transpose solve, on every cotangent (reverse mode)."""
+
+    def check(_, v):
+        return eqx.branched_error_if(v, count > 0, count, messages)
+
+    return lax.custom_linear_solve(lambda v: v, x, solve=check, transpose_solve=check)

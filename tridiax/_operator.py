@@ -224,9 +224,10 @@ class TDMA(eqx.Module):
 
     def factor(self, operator: Tridiagonal) -> TridiagonalFactorization:
         """`operator.factor()` with this solver's backend and block sizes (unpivoted)."""
-        if self.pivoting:
-            raise ValueError("factor() stores an unpivoted factorization; with pivoting=True "
-                             "solve with TDMA(pivoting=True)(operator, rhs) each time.")
+        if self.pivoting or self.check:
+            raise ValueError("factor() stores an unpivoted factorization without a check; with "
+                             "pivoting=True or check=True solve with TDMA(...)(operator, rhs) "
+                             "each time.")
         return factor(operator.lower, operator.diag, operator.upper, axis=operator.axis,
                       periodic=operator.periodic, backend=self.backend, block=self.block)
 

@@ -18,6 +18,8 @@ see `_backend.py`), `block` (None, or the (bp, bq) tile of systems a Pallas prog
 - "thomas": (lower, diag, upper, rhs), the tridiagonal solve;
 - "periodic": the same operands, with lower[0] and upper[N-1] the corners A[0, N-1] and
   A[N-1, 0] of a cyclic matrix (N >= 3), by Sherman-Morrison in one sweep;
+- "pivoted": the "thomas" operands, eliminated with partial pivoting (row interchanges, as
+  LAPACK's gtsv); same JVP as "thomas" (x = A^{-1} b whatever the elimination order);
 - "factored": (l, m, c', rhs), stored factors A = L D V (`_factorization.py`); linear in rhs
   only here, gradients w.r.t. the bands the factors came from are that module's business.
 The transpose rule is the same for every kind: one solve with `transposed` flipped.
