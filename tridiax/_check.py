@@ -63,7 +63,9 @@ def check_solution(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array
     n, total = shape[axis], math.prod(shape) // shape[axis]
     tolerance = math.sqrt(float(jnp.finfo(x.dtype).eps))
     compute = jnp.promote_types(x.dtype, jnp.float32)
-    lower, diag, upper, rhs, x = (v.astype(compute) for v in (lower, diag, upper, rhs, x))
+    # The count is not differentiated: no tangents or cotangents for its arithmetic.
+    lower, diag, upper, rhs, x = (lax.stop_gradient(v).astype(compute)
+                                  for v in (lower, diag, upper, rhs, x))
 
     def norm(v):  # per system: max over the axis
         return jnp.max(jnp.broadcast_to(jnp.abs(v), shape), axis=axis)
