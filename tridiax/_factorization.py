@@ -24,10 +24,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import Array, lax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
 
-from . import _backend, _bands, _layout
+from . import _backend, _bands, _layout, _sharding
 from ._kernels import _xla_thomas
-from ._primitive import tridiagonal_solve_p
+from ._primitive import ShapedArray, def_jit_impl, tridiagonal_solve_p
 from ._solve import check_periodic_size, prepare_operands
 
 _BAND_NAMES = ("lower", "diag", "upper")
@@ -167,7 +169,46 @@ def _set_ends(x: Array, first: Array, last: Array, axis: int) -> Array:
 
 def _factor_arrays(lower, diag, upper, axis: int, dtype) -> tuple[Array, Array, Array]:
     """(l, m, c') of the bands along `axis`, each of the bands' broadcast shape."""
+    return tuple(factor_p.bind(lower.astype(dtype), diag.astype(dtype), upper.astype(dtype),
+                               axis=axis))
+
+
+# The elimination without a right-hand side, as a primitive so that its lowering can be
+# partitioned over sharded batch axes (`_sharding.partitioned`) and vmap stays a batch
+# dimension. Its inputs are stop_gradient'ed bands: it is never differentiated.
+factor_p = Primitive("tridiax_factor")
+factor_p.multiple_results = True
+def_jit_impl(factor_p)
+
+
+@factor_p.def_abstract_eval
+def _factor_abstract_eval(lower, diag, upper, *, axis):
     full = _layout.broadcast_shape(lower, diag, upper)
-    views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper)]
-    # The forward elimination without a right-hand side, as an XLA loop on every platform.
-    return tuple(f.reshape(full) for f in _xla_thomas.factor_pnq(*views, out_dtype=dtype))
+    return [ShapedArray(full, diag.dtype)] * 3
+
+
+def _factor_lowering(lower, diag, upper, *, axis):
+    full = _layout.broadcast_shape(lower, diag, upper)
+
+    def local(*bands):  # the systems one device holds; a split axis is gathered
+        shape = _layout.broadcast_shape(*bands)
+        views = [_layout.to_pnq(x, axis, shape) for x in bands]
+        # The forward elimination without a right-hand side, as an XLA loop on every platform.
+        factors = _xla_thomas.factor_pnq(*views, out_dtype=diag.dtype)
+        return tuple(f.reshape(shape) for f in factors)
+
+    bands = (lower, diag, upper)
+    return _sharding.partitioned(local, [b.shape for b in bands], [full] * 3, axis)(*bands)
+
+
+for _platform in ("cpu", "cuda", "rocm", "tpu"):
+    _sharding.register_lowering(factor_p, mlir.lower_fun(_factor_lowering, multiple_results=True),
+                                _platform)
+
+
+def _factor_batch(operands, dims, *, axis):
+    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
+    return factor_p.bind(*moved, axis=axis), [bdim] * 3
+
+
+batching.primitive_batchers[factor_p] = _factor_batch

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _backend, _bands, _layout
+from . import _backend, _bands, _layout, _partition_method, _sharding
 
 try:  # public in jax 0.10; guard against its move out of jax.core in later releases
     from jax.core import ShapedArray
@@ -71,18 +71,32 @@ def _lowering(platform: str):
         if 0 in full:
             return jnp.zeros(full, rhs.dtype)
         backend = backend or _backend.default_backend(platform, rhs.dtype)
-        views = [_layout.to_pnq(x, axis, full) for x in (lower, diag, upper, rhs)]
-        x = _backend.kernel("thomas", backend, block=block)(
-            *views, transposed=transposed, out_dtype=rhs.dtype, kind=kind)
-        return x.reshape(full)
+
+        def local_solve(*operands, axis, kind, transposed=False):
+            """The systems one device holds (all of them when unsharded)."""
+            shape = _layout.broadcast_shape(*operands)
+            views = [_layout.to_pnq(x, axis, shape) for x in operands]
+            x = _backend.kernel("thomas", backend, block=block)(
+                *views, transposed=transposed, out_dtype=operands[3].dtype, kind=kind)
+            return x.reshape(shape)
+
+        split = None if kind == "factored" else functools.partial(
+            _partition_method.solve_split, axis=axis, kind=kind, transposed=transposed,
+            local_solve=local_solve)
+        operands = (lower, diag, upper, rhs)
+
+        def local(lower, diag, upper, rhs):
+            return local_solve(lower, diag, upper, rhs, axis=axis, kind=kind,
+                               transposed=transposed)
+
+        return _sharding.partitioned(local, [x.shape for x in operands], [full], axis,
+                                     split=split)(*operands)
 
     return mlir.lower_fun(solve, multiple_results=False)
 
 
-mlir.register_lowering(tridiagonal_solve_p, _lowering("cpu"), platform="cpu")
-mlir.register_lowering(tridiagonal_solve_p, _lowering("cuda"), platform="cuda")
-mlir.register_lowering(tridiagonal_solve_p, _lowering("rocm"), platform="rocm")
-mlir.register_lowering(tridiagonal_solve_p, _lowering("tpu"), platform="tpu")
+for _platform in ("cpu", "cuda", "rocm", "tpu"):
+    _sharding.register_lowering(tridiagonal_solve_p, _lowering(_platform), _platform)
 
 
 def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):

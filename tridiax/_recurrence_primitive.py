@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _backend, _bands, _layout
+from . import _backend, _bands, _layout, _partition_method, _sharding
 from ._primitive import ShapedArray, def_jit_impl
 
 recurrence_p = Primitive("tridiax_recurrence")
@@ -53,18 +53,33 @@ def _lowering(platform: str):
             return jnp.zeros(out, x.dtype)
         backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
                                                       op="recurrence")
-        state = _out_shape(full, axis, True)
-        h = _backend.kernel("recurrence", backend)(
-            _layout.to_pnq(a, axis, full), _layout.to_pnq(x, axis, full),
-            _layout.to_pnq(h0, axis, state), reverse=reverse, shifted=shifted,
-            activation=activation, final_only=final_only, out_dtype=x.dtype)
-        return h.reshape(out)
+
+        def local_recurrence(a, x, h0, *, shifted=False, final_only):
+            """The sequences one device holds (all of them when unsharded)."""
+            shape = _layout.broadcast_shape(a, x, h0)
+            state = _out_shape(shape, axis, True)
+            h = _backend.kernel("recurrence", backend)(
+                _layout.to_pnq(a, axis, shape), _layout.to_pnq(x, axis, shape),
+                _layout.to_pnq(h0, axis, state), reverse=reverse, shifted=shifted,
+                activation=activation, final_only=final_only, out_dtype=x.dtype)
+            return h.reshape(_out_shape(shape, axis, final_only))
+
+        def local(a, x, h0):
+            return local_recurrence(a, x, h0, shifted=shifted, final_only=final_only)
+
+        # A split time axis is run in place for linear recurrences; IndRNN's nonlinear ones
+        # gather it.
+        split = None if activation is not None else functools.partial(
+            _partition_method.recurrence_split, axis=axis, reverse=reverse, shifted=shifted,
+            final_only=final_only, local_recurrence=local_recurrence)
+        return _sharding.partitioned(local, [a.shape, x.shape, h0.shape], [out], axis,
+                                     split=split)(a, x, h0)
 
     return mlir.lower_fun(run, multiple_results=False)
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
-    mlir.register_lowering(recurrence_p, _lowering(_platform), platform=_platform)
+    _sharding.register_lowering(recurrence_p, _lowering(_platform), _platform)
 
 
 def _first_index(T, reverse):

@@ -1,0 +1,212 @@
+"""Sharded inputs (run by test_sharding.py on 8 host devices; not collected on its own).
+
+Every case compares the sharded jit result with the single-device result, checks the output
+keeps the input's sharding, and reads the compiled module's collectives: none when only batch
+axes are split; when the solve (or time) axis is split, only the small boundary exchange of
+the partition method, far below the size of the arrays.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import random_bands
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import tridiax
+from tridiax._hlo import collectives
+
+assert jax.device_count() == 8, "run through test_sharding.py (8 host devices)"
+
+MESHES = {"8": ((8,), ("x",)), "4x2": ((4, 2), ("x", "y"))}
+
+
+def mesh_of(name):
+    shape, names = MESHES[name]
+    return Mesh(np.array(jax.devices()).reshape(shape), names)
+
+
+def solve_fn(kind, axis):
+    def f(l, d, u, b):
+        if kind == "periodic":
+            return tridiax.solve_periodic_tridiagonal(l, d, u, b, axis=axis)
+        if kind == "factored":
+            return tridiax.Tridiagonal(l, d, u, axis=axis).factor().solve(b)
+        return tridiax.solve_tridiagonal(l, d, u, b, axis=axis, pivoting=kind == "pivoted")
+
+    return f
+
+
+def vjp_fn(f):
+    """All four cotangents for a given output cotangent (no loss reduction, so no all-reduce)."""
+    def g(l, d, u, b, ct):
+        return jax.vjp(f, l, d, u, b)[1](ct)
+
+    return g
+
+
+def run_sharded(f, arrays, mesh, spec):
+    sharded = [jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec)) for a in arrays]
+    compiled = jax.jit(f).lower(*sharded).compile()
+    out = compiled(*sharded)
+    expected = f(*arrays)  # one device
+    for o, e in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
+        scale = max(np.max(np.abs(np.asarray(e))), 1e-300)
+        assert np.max(np.abs(np.asarray(o) - np.asarray(e))) / scale < 1e-13
+    return out, collectives(compiled.as_text())
+
+
+# --- batch axes sharded: every device solves its own systems, nothing moves ------------------
+
+BATCH_CASES = [  # (mesh, shape, axis, spec of every operand)
+    ("8", (40, 64), 0, P(None, "x")),
+    ("8", (64, 33), -1, P("x", None)),
+    ("4x2", (8, 37, 6), 1, P("x", None, "y")),
+    ("4x2", (4, 8, 50), 2, P("y", "x", None)),
+]
+
+
+@pytest.mark.parametrize("kind", ["thomas", "pivoted", "periodic", "factored"])
+@pytest.mark.parametrize("mesh,shape,axis,spec", BATCH_CASES)
+def test_batch_sharded_solves_move_nothing(kind, mesh, shape, axis, spec):
+    mesh = mesh_of(mesh)
+    arrays = random_bands(shape, np.float64, seed=1)
+    out, moved = run_sharded(solve_fn(kind, axis), arrays, mesh, spec)
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
+    assert moved == []
+
+
+@pytest.mark.parametrize("mesh,shape,axis,spec", BATCH_CASES)
+def test_batch_sharded_gradients_move_nothing(mesh, shape, axis, spec):
+    mesh = mesh_of(mesh)
+    arrays = random_bands(shape, np.float64, seed=2) + [np.ones(shape)]
+    outs, moved = run_sharded(vjp_fn(solve_fn("thomas", axis)), arrays, mesh, spec)
+    for o in outs:
+        assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
+    assert moved == []
+
+
+def test_shared_matrix_stays_replicated():
+    # One (N, 1) matrix for every column: the bands are never split, copied or gathered.
+    mesh = mesh_of("8")
+    lower, diag, upper, _ = random_bands((50, 1), np.float64, seed=3)
+    rhs = np.random.default_rng(0).standard_normal((50, 64))
+    b = jax.device_put(rhs, NamedSharding(mesh, P(None, "x")))
+    f = jax.jit(lambda b: tridiax.solve_tridiagonal(lower, diag, upper, b, axis=0))
+    assert collectives(f.lower(b).compile().as_text()) == []
+    np.testing.assert_allclose(f(b), tridiax.solve_tridiagonal(lower, diag, upper, rhs, axis=0),
+                               rtol=1e-13)
+    assert f(b).sharding.is_equivalent_to(NamedSharding(mesh, P(None, "x")), 2)
+
+
+@pytest.mark.parametrize("name", ["linear", "indrnn", "final_only", "grad"])
+def test_batch_sharded_recurrences_move_nothing(name):
+    mesh, spec = mesh_of("4x2"), P(None, "x", "y")
+    rng = np.random.default_rng(4)
+    a, x = rng.uniform(0.2, 1, (30, 8, 6)), rng.standard_normal((30, 8, 6))
+    f = {"linear": lambda a, x: tridiax.linear_recurrence(a, x),
+         "indrnn": lambda a, x: tridiax.indrnn(a, x),
+         "final_only": lambda a, x: tridiax.linear_recurrence(a, x, final_only=True),
+         "grad": lambda a, x: jax.vjp(lambda a, x: tridiax.indrnn(a, x, activation=jnp.tanh),
+                                      a, x)[1](x)}[name]
+    out, moved = run_sharded(f, [a, x], mesh, spec)
+    assert moved == []
+    if name in ("linear", "indrnn"):
+        assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), 3)
+
+
+# --- the solve axis sharded: the partition method -----------------------------------------------
+
+SPLIT_CASES = [  # (mesh, shape, axis, spec): `axis` is split over the mesh
+    ("8", (256, 6), 0, P("x", None)),
+    ("8", (3, 256), -1, P(None, "x")),
+    ("4x2", (4, 128, 6), 1, P("y", "x", None)),
+    ("4x2", (3, 256), 1, P(None, ("x", "y"))),
+]
+
+
+def split_devices(mesh, spec, axis, ndim):
+    entry = spec[axis % ndim]
+    return int(np.prod([mesh.shape[n] for n in ((entry,) if isinstance(entry, str) else entry)]))
+
+
+def assert_small_exchange(moved, shape, axis, devices, values_per_system):
+    """Only boundary values cross devices: each collective carries at most `values_per_system`
+    numbers per device for every system, and all of them together far less than an array."""
+    systems = np.prod(shape) // shape[axis]
+    assert moved, "a split axis needs an exchange"
+    for op, size in moved:
+        assert size <= values_per_system * devices * systems * 8, (op, size)
+    assert sum(size for _, size in moved) < 8 * np.prod(shape) / 2, moved
+
+
+@pytest.mark.parametrize("kind", ["thomas", "pivoted", "periodic"])
+@pytest.mark.parametrize("mesh,shape,axis,spec", SPLIT_CASES)
+def test_split_solve_axis_partition_method(kind, mesh, shape, axis, spec):
+    mesh = mesh_of(mesh)
+    devices = split_devices(mesh, spec, axis, len(shape))
+    arrays = random_bands(shape, np.float64, seed=5)
+    out, moved = run_sharded(solve_fn(kind, axis), arrays, mesh, spec)
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
+    assert_small_exchange(moved, shape, axis, devices, values_per_system=6)
+
+
+@pytest.mark.parametrize("kind", ["thomas", "periodic"])
+@pytest.mark.parametrize("mesh,shape,axis,spec", SPLIT_CASES[:3])
+def test_split_solve_axis_gradients(kind, mesh, shape, axis, spec):
+    mesh = mesh_of(mesh)
+    arrays = random_bands(shape, np.float64, seed=6) + [np.ones(shape)]
+    outs, moved = run_sharded(vjp_fn(solve_fn(kind, axis)), arrays, mesh, spec)
+    for o in outs:
+        assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
+    assert_small_exchange(moved, shape, axis, split_devices(mesh, spec, axis, len(shape)),
+                          values_per_system=6)
+
+
+def test_split_axis_with_a_shared_matrix_and_constant_bands():
+    mesh = mesh_of("8")
+    rhs = np.random.default_rng(7).standard_normal((256, 12))
+    bands = random_bands((256, 1), np.float64, seed=7)[:3]
+    for f in (lambda b: tridiax.solve_tridiagonal(*bands, b, axis=0),
+              lambda b: tridiax.solve_tridiagonal(-1.0, 4.0, -1.0, b, axis=0)):
+        out, moved = run_sharded(f, [rhs], mesh, P("x", None))
+        assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2)
+        assert_small_exchange(moved, (256, 12), 0, 8, values_per_system=6)
+
+
+@pytest.mark.parametrize("case", ["factored", "one row per device"])
+def test_split_axis_fallbacks_gather_and_stay_correct(case):
+    # A factored solve's factors couple the blocks, and one row per device leaves no block
+    # interior: both gather the axis (correct, but the data moves).
+    shape = {"factored": (64, 5), "one row per device": (8, 5)}[case]
+    arrays = random_bands(shape, np.float64, seed=8)
+    out, moved = run_sharded(solve_fn("factored" if case == "factored" else "thomas", 0),
+                             arrays, mesh_of("8"), P("x", None))
+    assert any(op == "all-gather" for op, _ in moved)
+
+
+@pytest.mark.parametrize("name", ["linear", "reverse", "final_only", "grad", "indrnn relu"])
+@pytest.mark.parametrize("mesh,shape,axis,spec", SPLIT_CASES[:3])
+def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
+    mesh = mesh_of(mesh)
+    devices = split_devices(mesh, spec, axis, len(shape))
+    rng = np.random.default_rng(9)
+    a, x = rng.uniform(-1, 1, shape), rng.standard_normal(shape)
+    state = tuple(s for i, s in enumerate(shape) if i != axis % len(shape))
+    h0 = rng.standard_normal(state)
+    f = {"linear": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, initial=h0),
+         "reverse": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, reverse=True),
+         "final_only": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, initial=h0,
+                                                              final_only=True),
+         "grad": lambda a, x: jax.vjp(lambda a, x: tridiax.linear_recurrence(
+             a, x, axis=axis, initial=h0), a, x)[1](x),
+         "indrnn relu": lambda a, x: tridiax.indrnn(a, x, axis=axis)}[name]
+    out, moved = run_sharded(f, [a, x], mesh, spec)
+    if name == "indrnn relu":
+        return  # nonlinear: the time axis is gathered (documented), correct all the same
+    assert_small_exchange(moved, shape, axis, devices,
+                          values_per_system=6 if name == "grad" else 2)
+    if name != "final_only":
+        for o in jax.tree.leaves(out):
+            assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))

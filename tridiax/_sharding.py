@@ -1,0 +1,123 @@
+"""Sharded inputs: every device solves the systems it holds, and the output keeps the sharding.
+
+The kernels are custom calls, which XLA's SPMD partitioner cannot split: left alone it would
+gather every operand onto every device and solve everything everywhere. The primitives'
+lowerings therefore wrap the kernel in `jax.experimental.custom_partitioning`:
+
+- every dimension but the solve (or time) axis is a batch dimension: it stays sharded as the
+  operands are, and each device runs the kernel on its own block of systems, with no
+  communication at all;
+- a dimension where an operand has size 1 (a band broadcast against the right-hand side) is
+  its own factor in the sharding rule, so a shared matrix stays replicated and is never copied;
+- a split solve axis is solved in place where the primitive provides a `split` function (the
+  partition method, `_partition_method.py`), with one small all-gather per solve; otherwise
+  (a factored solve, IndRNN's nonlinear recurrences, N not a multiple of the device count)
+  the partitioner is told to gather that axis first: correct, but it moves the data.
+
+On one device, and inside `shard_map` (where the code already runs per shard), the wrapper
+lowers to the kernel directly, so unsharded programs are unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def register_lowering(primitive, rule, platform: str) -> None:
+    """Register a lowering rule that uses `batch_partitioned`.
+
+    JAX lowers a jitted function without its device assignment unless the jaxpr holds a
+    primitive that needs it, and custom_partitioning needs it to see the mesh: since ours
+    appears only inside the primitive's lowering, the primitive is declared as needing the
+    devices (a private JAX registry, present in jax 0.4.31 to 0.11; without it, sharded
+    inputs fail to lower with an AssertionError from custom_partitioning)."""
+    try:
+        from jax._src import dispatch
+
+        dispatch.prim_requires_devices_during_lowering.add(primitive)
+    except (ImportError, AttributeError):  # pragma: no cover - a future JAX moved it
+        pass
+    mlir.register_lowering(primitive, rule, platform=platform)
+
+
+def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
+                out_shapes: Sequence[tuple[int, ...]], axis: int, *,
+                split: Callable | None = None) -> Callable:
+    """`local(*operands)`, returning one array per `out_shapes` (a single array when there is
+    one), partitioned along the batch dimensions.
+
+    The operands have one rank and broadcast to the full shape; each output has that shape, or
+    size 1 along `axis` (a recurrence's final state). `local` must work on any block of the
+    batch dimensions: it is traced again with each device's local shapes.
+
+    `split(*operands, names=, devices=)`, if given, runs on each device when the inputs split
+    `axis` over the mesh axes `names` into `devices` equal blocks of at least 2 rows (it may
+    use collectives over `names`). Otherwise, or for an uneven split, `axis` is gathered.
+    """
+    full = tuple(np.broadcast_shapes(*operand_shapes, *out_shapes))
+    single = len(out_shapes) == 1
+    ndim = len(full)
+
+    def factors(shape, owner):
+        # A dimension of the full size shares the factor of that dimension; a broadcast
+        # (size-1) one is a factor of its own, never sharded.
+        return " ".join(f"d{k}" if shape[k] == full[k] else f"{owner}{k}" for k in range(ndim))
+
+    rule = (", ".join(factors(s, f"in{j}_") for j, s in enumerate(operand_shapes))
+            + " -> " + ", ".join(factors(s, f"out{j}_") for j, s in enumerate(out_shapes)))
+
+    def specs(mesh, sharding, axis_entry):
+        """Per-operand shardings following `sharding` on the batch dims and `axis_entry` (mesh
+        axes, or None: replicated) on the axis, replicated on broadcast dims; and the
+        output's."""
+        spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+        spec = spec[:axis] + (axis_entry,) + spec[axis + 1:]
+
+        def follow(shape):
+            return NamedSharding(mesh, PartitionSpec(
+                *(spec[k] if shape[k] == full[k] else None for k in range(ndim))))
+
+        outs = tuple(follow(s) for s in out_shapes)
+        return tuple(follow(s) for s in operand_shapes), outs[0] if single else outs
+
+    def partition(mesh, arg_shapes, result_shape):
+        sharding = (result_shape if single else result_shape[0]).sharding
+        # How the inputs split the axis (the output may not have it: a final state).
+        entry = None
+        for shape, arg in zip(operand_shapes, arg_shapes):
+            if shape[axis] == full[axis] and arg.sharding is not None:
+                entry = (tuple(arg.sharding.spec) + (None,) * ndim)[axis] or entry
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        devices = math.prod(mesh.shape[name] for name in names)
+        n = full[axis]
+        if split is not None and names and n % devices == 0 and n // devices >= 2:
+            name_arg = names[0] if len(names) == 1 else names
+
+            def fn(*operands):
+                return split(*operands, names=name_arg, devices=devices)
+
+            operand_shardings, out_sharding = specs(mesh, sharding, axis_entry=entry)
+        else:
+            fn = local
+            operand_shardings, out_sharding = specs(mesh, sharding, axis_entry=None)
+        return mesh, fn, out_sharding, operand_shardings
+
+    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
+        # GSPMD path (Shardy off): follow the operand with the most full-size dimensions.
+        widest = max(range(len(arg_shapes)),
+                     key=lambda j: sum(a == b for a, b in zip(operand_shapes[j], full)))
+        sharding = arg_shapes[widest].sharding
+        entry = (tuple(sharding.spec) + (None,) * ndim)[axis] if split is not None else None
+        return specs(mesh, sharding, axis_entry=entry)[1]
+
+    wrapped = custom_partitioning(local if single else lambda *operands: tuple(local(*operands)))
+    wrapped.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                          sharding_rule=rule,
+                          need_replication_factors=() if split else (f"d{axis}",))
+    return wrapped
