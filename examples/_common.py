@@ -1,4 +1,8 @@
-"""What every example shares: the command line, figures (when matplotlib is installed), timing."""
+"""What every example shares: the command line, figures (when matplotlib is installed), timing.
+
+JAX is imported inside the functions that need it, so that a script can still set XLA_FLAGS
+(sharded_solve.py) after parsing its arguments.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,6 @@ import argparse
 import pathlib
 import time
 from collections.abc import Callable
-
-import jax
 
 
 def parse_args(doc: str, add_arguments: Callable[[argparse.ArgumentParser], None] | None = None):
@@ -46,6 +48,8 @@ def save_figure(out: pathlib.Path | None, name: str, draw: Callable, *, size=(9,
 
 def best_time(fn: Callable, *args, repeats: int = 5) -> tuple[float, float]:
     """(first call including compilation, best of `repeats` later calls), in seconds."""
+    import jax
+
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     first = time.perf_counter() - start
@@ -60,6 +64,8 @@ def best_time(fn: Callable, *args, repeats: int = 5) -> tuple[float, float]:
 def adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
     """Adam on any pytree of arrays (no optimiser library needed): returns (init, update),
     with `update(gradients, state, parameters) -> (new parameters, new state)`."""
+    import jax
+
 
     def init(parameters):
         zeros = jax.tree.map(jax.numpy.zeros_like, parameters)

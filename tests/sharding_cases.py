@@ -210,3 +210,13 @@ def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
     if name != "final_only":
         for o in jax.tree.leaves(out):
             assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
+
+
+def test_inside_shard_map_each_device_solves_its_block():
+    # Under shard_map the code already runs per device: the kernel runs on the local block.
+    mesh = mesh_of("8")
+    arrays = random_bands((40, 64), np.float64, seed=10)
+    f = jax.shard_map(lambda *a: tridiax.solve_tridiagonal(*a, axis=0), mesh=mesh,
+                      in_specs=P(None, "x"), out_specs=P(None, "x"))
+    out, moved = run_sharded(f, arrays, mesh, P(None, "x"))
+    assert moved == []

@@ -102,3 +102,12 @@ def test_readme_code_blocks_run():
     assert len(blocks) >= 2
     for block in blocks:
         subprocess.run([sys.executable, "-c", block], check=True, capture_output=True, text=True)
+
+
+def test_sharded_solve_example_on_8_host_devices():
+    out = run_example("sharded_solve.py", "--quick")
+    assert "8 cpu devices" in out
+    assert "1. batch axis x sharded" in out and "collectives: none" in out
+    assert number(r"2\. solve axis z sharded.*= (\S+)", out) < 1e-13
+    assert number(r"all-gather'\]; \d+ bytes per device per solve \((\S+)%", out) < 25
+    assert number(r"3\. d loss / d diag .* from one device (\S+)", out) < 1e-12

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import batching
 
 from . import _backend, _bands, _layout, _sharding
 from ._kernels import _xla_thomas
@@ -202,8 +202,7 @@ def _factor_lowering(lower, diag, upper, *, axis):
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
-    _sharding.register_lowering(factor_p, mlir.lower_fun(_factor_lowering, multiple_results=True),
-                                _platform)
+    _sharding.register_lowering(factor_p, _factor_lowering, _platform, multiple_results=True)
 
 
 def _factor_batch(operands, dims, *, axis):

@@ -32,7 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from . import _backend, _bands, _layout, _partition_method, _sharding
 
@@ -92,7 +92,7 @@ def _lowering(platform: str):
         return _sharding.partitioned(local, [x.shape for x in operands], [full], axis,
                                      split=split)(*operands)
 
-    return mlir.lower_fun(solve, multiple_results=False)
+    return solve
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):

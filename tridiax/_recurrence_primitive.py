@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from . import _backend, _bands, _layout, _partition_method, _sharding
 from ._primitive import ShapedArray, def_jit_impl
@@ -75,7 +75,7 @@ def _lowering(platform: str):
         return _sharding.partitioned(local, [a.shape, x.shape, h0.shape], [out], axis,
                                      split=split)(a, x, h0)
 
-    return mlir.lower_fun(run, multiple_results=False)
+    return run
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):

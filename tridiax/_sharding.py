@@ -20,6 +20,7 @@ lowers to the kernel directly, so unsharded programs are unchanged.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 
@@ -28,21 +29,41 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
+_PARTITION = contextvars.ContextVar("tridiax_partition", default=False)
 
-def register_lowering(primitive, rule, platform: str) -> None:
-    """Register a lowering rule that uses `batch_partitioned`.
+
+def register_lowering(primitive, fn: Callable, platform: str, *,
+                      multiple_results: bool = False) -> None:
+    """Register `mlir.lower_fun(fn)` as the primitive's lowering; `fn` may use `partitioned`.
 
     JAX lowers a jitted function without its device assignment unless the jaxpr holds a
     primitive that needs it, and custom_partitioning needs it to see the mesh: since ours
     appears only inside the primitive's lowering, the primitive is declared as needing the
-    devices (a private JAX registry, present in jax 0.4.31 to 0.11; without it, sharded
-    inputs fail to lower with an AssertionError from custom_partitioning)."""
+    devices (a private JAX registry, present in jax 0.4.31 to 0.11). Where the assignment is
+    still missing (some enclosing transformations hide the primitive from that check) or
+    there is one device, `partitioned` returns the unpartitioned function: correct, and
+    XLA gathers a sharded operand."""
     try:
         from jax._src import dispatch
 
         dispatch.prim_requires_devices_during_lowering.add(primitive)
     except (ImportError, AttributeError):  # pragma: no cover - a future JAX moved it
         pass
+    lowered = mlir.lower_fun(fn, multiple_results=multiple_results)
+
+    def rule(ctx, *args, **params):
+        context = ctx.module_context.axis_context
+        if hasattr(context, "device_assignment"):  # jit's ShardingContext
+            devices = context.device_assignment
+            partition = devices is not None and len(devices) > 1
+        else:  # inside shard_map: custom_partitioning lowers to the per-shard function itself
+            partition = True
+        token = _PARTITION.set(partition)
+        try:
+            return lowered(ctx, *args, **params)
+        finally:
+            _PARTITION.reset(token)
+
     mlir.register_lowering(primitive, rule, platform=platform)
 
 
@@ -60,8 +81,10 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
     `axis` over the mesh axes `names` into `devices` equal blocks of at least 2 rows (it may
     use collectives over `names`). Otherwise, or for an uneven split, `axis` is gathered.
     """
-    full = tuple(np.broadcast_shapes(*operand_shapes, *out_shapes))
     single = len(out_shapes) == 1
+    if not _PARTITION.get():
+        return local
+    full = tuple(np.broadcast_shapes(*operand_shapes, *out_shapes))
     ndim = len(full)
 
     def factors(shape, owner):
