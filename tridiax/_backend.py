@@ -67,6 +67,11 @@ def check_solver_settings(backend: str | None, block, **flags: bool) -> None:
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
     check_block(block)
+    check_flags(**flags)
+
+
+def check_flags(**flags) -> None:
+    """Raise TypeError for a setting such as pivoting=... that is not a boolean."""
     for name, flag in flags.items():
         if not isinstance(flag, bool | np.bool_):
             raise TypeError(f"{name} must be True or False, got {flag!r}.")

@@ -125,9 +125,7 @@ def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None
     override and Pallas block sizes (see `_backend.py`); for tests and modules."""
     operands, axis = prepare_operands((lower, diag, upper, rhs), _NAMES, axis)
     _backend.check_backend(backend, operands[0].dtype)
-    for name, flag in (("pivoting", pivoting), ("check", check)):
-        if not isinstance(flag, bool | np.bool_):
-            raise TypeError(f"{name} must be True or False, got {flag!r}.")
+    _backend.check_flags(pivoting=pivoting, check=check)
     if periodic:
         check_periodic_size(operands, axis)
         if pivoting:
