@@ -10,6 +10,10 @@ import numpy as np
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
 _SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+# HLO element type names that NumPy spells differently.
+_NUMPY_NAMES = {"pred": "bool", "bf16": "bfloat16", "f16": "float16", "f32": "float32",
+                "f64": "float64", "c64": "complex64", "c128": "complex128", "s32": "int32",
+                "s64": "int64", "u32": "uint32", "u64": "uint64", "s8": "int8", "u8": "uint8"}
 _OP = re.compile(r"=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(")
 
 
@@ -24,16 +28,8 @@ def collectives(hlo_text: str) -> list[tuple[str, int]]:
             continue
         size = 0
         for dtype, dims in _SHAPE.findall(match.group(1)):
-            if dtype in ("token",):
-                continue
-            count = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-            size += count * _itemsize(dtype)
+            if dtype != "token":
+                count = math.prod(int(d) for d in dims.split(",") if d)
+                size += count * np.dtype(_NUMPY_NAMES.get(dtype, dtype)).itemsize
         found.append((match.group(2), size))
     return found
-
-
-def _itemsize(name: str) -> int:
-    aliases = {"pred": "bool", "bf16": "bfloat16", "f16": "float16", "f32": "float32",
-               "f64": "float64", "c64": "complex64", "c128": "complex128", "s32": "int32",
-               "s64": "int64", "u32": "uint32", "u64": "uint64", "s8": "int8", "u8": "uint8"}
-    return np.dtype(aliases.get(name, name)).itemsize

@@ -44,7 +44,7 @@ def solve_tridiagonal(
     - `axis`: the axis the systems lie along (negative counts from the end).
     - `pivoting`: eliminate with row interchanges (partial pivoting, one fill-in diagonal, as
       LAPACK's gtsv): accurate for any nonsingular matrix (backward error of order eps*N),
-      at about 1.3-2x the cost of the unpivoted solve.
+      at about 1.2x the cost of the unpivoted solve on CPU (benchmarks/README.md).
     - `check`: after the solve, count the systems whose solution is not finite or whose
       backward error ||b - Ax|| / (||A|| ||x|| + ||b||) exceeds sqrt(eps), and raise an error
       saying how many failed and what to do (`equinox.branched_error_if`: works eagerly and
