@@ -2,7 +2,8 @@
 
 The library is compiled once per machine, source and jax version with the system C++
 compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
-$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax). Where no compiler is found or the build fails,
+$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax); the build logs one line to the "tridiax"
+logger (shown by default) saying so and where. Where no compiler is found or the build fails,
 `available()` is False and the CPU falls back to the XLA formulation, with one warning that
 says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import pathlib
 import platform
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 
 import jax
@@ -28,6 +31,7 @@ from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
+_LOG = logging.getLogger("tridiax")
 _THOMAS = "tridiax_thomas_cpu"
 _RECURRENCE = "tridiax_recurrence_cpu"
 
@@ -59,6 +63,11 @@ def _library_path() -> pathlib.Path:
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"
     if not path.exists():
+        _LOG.warning(
+            "tridiax: building the native CPU kernel, once per machine, compiler and jax version "
+            "(about 10 s), into %s (TRIDIAX_CACHE_DIR); silence this with "
+            "logging.getLogger('tridiax').setLevel(logging.ERROR)", path)
+        start = time.perf_counter()
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             built = pathlib.Path(tmp) / path.name
@@ -67,6 +76,7 @@ def _library_path() -> pathlib.Path:
             except subprocess.CalledProcessError as err:
                 raise RuntimeError(f"building {_SOURCE.name} failed:\n{err.stderr}") from None
             os.replace(built, path)  # atomic: concurrent builders race harmlessly
+        _LOG.info("tridiax: built %s in %.1f s", path.name, time.perf_counter() - start)
     return path
 
 
