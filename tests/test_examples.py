@@ -23,9 +23,27 @@ def number(pattern: str, text: str, group: int = 1) -> float:
     return float(match.group(group))
 
 
-def test_implicit_diffusion_example():
-    out = run_example("implicit_diffusion.py", "--rods", "64", "--steps", "5")
-    assert "implicit differentiation" in out and "finite difference" in out
+def test_implicit_diffusion_example(tmp_path):
+    out = run_example("implicit_diffusion.py", "--quick", "--out", str(tmp_path))
+    assert number(r"max \|x - scipy\| = (\S+)", out) < 1e-12
+    gradient = number(r"implicit differentiation (\S+),", out)
+    assert gradient == pytest.approx(number(r"finite difference (\S+)", out), rel=1e-5)
+    assert (tmp_path / "implicit_diffusion.png").stat().st_size > 10_000
+
+
+def test_examples_readme_lists_every_script_and_what_it_takes():
+    readme = (EXAMPLES / "README.md").read_text()
+    scripts = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+    listed = sorted(set(re.findall(r"^\| \[(\w+\.py)\]", readme, re.MULTILINE)))
+    assert listed == scripts
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    assert f"all {words[len(scripts)]} together" in readme
+    for script in scripts:  # the flags the README promises are there
+        options = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"],
+                                 capture_output=True, text=True, check=True).stdout
+        row = next(line for line in readme.splitlines() if line.startswith(f"| [{script}]"))
+        for flag in re.findall(r"\[(--[a-z]+)", row) + ["--quick", "--out"]:
+            assert flag in options, (script, flag)
 
 
 def test_heat_1d_converges_at_second_order(tmp_path):
