@@ -133,3 +133,18 @@ def _triton_payload(op):
         return "bytecode", ir.StringAttr(config["ir"]).value_bytes
     payload = zlib.decompress(ir.StringAttr(config["opaque"]).value_bytes)
     return "text", payload.decode("latin-1")
+
+
+def equations(jaxpr, primitive: str) -> list:
+    """Every equation of `primitive` in a (closed) jaxpr, nested jaxprs (jit, scan, ...)
+    included, in program order."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == primitive:
+            found.append(eqn)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    found.extend(equations(sub, primitive))
+    return found

@@ -125,3 +125,20 @@ def test_float64_inputs_in_32_bit_mode_run_in_float32():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "float32"
+
+
+def test_integer_dtype_is_reported_as_given_in_32_bit_mode():
+    # JAX's 32-bit mode turns an int64 array into int32 on entry; the error names the dtype
+    # the user passed, for the functions and for the operator.
+    code = ("import numpy as np, tridiax\n"
+            "for call in (lambda: tridiax.solve_tridiagonal(np.ones(4), 3 * np.ones(4), "
+            "np.ones(4), np.arange(4)),\n"
+            "             lambda: tridiax.Tridiagonal(np.ones(4), np.arange(4), np.ones(4)),\n"
+            "             lambda: tridiax.linear_recurrence(np.ones(4), np.arange(4))):\n"
+            "    try:\n        call()\n    except TypeError as err:\n        print(err)\n")
+    env = dict(os.environ, JAX_ENABLE_X64="0")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert [line.split(";")[0] for line in lines] == [
+        "rhs has dtype int64", "diag has dtype int64", "x has dtype int64"], lines

@@ -46,6 +46,10 @@ ENTRY_POINTS = {
     "periodic": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0), (100, 1000)),
     "periodic grad": (jax.grad(lambda *a: jnp.sum(tridiax.solve_periodic_tridiagonal(*a) ** 2),
                                argnums=(0, 1, 2, 3)), (1000, 100)),
+    "periodic pivoted": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0, pivoting=True),
+                         (100, 1000)),
+    "periodic pivoted grad": (jax.grad(lambda *a: jnp.sum(tridiax.solve_periodic_tridiagonal(
+        *a, pivoting=True) ** 2), argnums=(0, 1, 2, 3)), (1000, 100)),
     "factored solve": (lambda l, d, u, b: tridiax.Tridiagonal(l, d, u, axis=0).factor().solve(b),
                        (100, 1000)),
     "pivoted": (lambda *a: tridiax.solve_tridiagonal(*a, axis=0, pivoting=True), (100, 1000)),
@@ -97,7 +101,7 @@ def test_cuda_lowering_uses_triton_and_no_transpose(name, dtype):
     assert "stablehlo.transpose" not in lowered.as_text()
     kernels = triton_kernels(lowered)
     expected = 2 if name in ("grad", "jvp", "vmap of vjp", "periodic grad", "factored grad",
-                             "pivoted grad") else 1
+                             "pivoted grad", "periodic pivoted grad") else 1
     assert len(kernels) == expected
     for ir in kernels:
         assert "tt.func" in ir and "tt.load" in ir and "tt.store" in ir

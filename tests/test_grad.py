@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_close, backends, dense_solve, random_bands
+from helpers import assert_close, backends, dense_solve, equations, random_bands
 from jax.test_util import check_grads
 
 from tridiax._solve import solve
@@ -96,5 +96,5 @@ def test_reverse_mode_is_one_transposed_solve():
     args = [jnp.ones((8, 3))] * 4
     jaxpr = jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(solve(*a, axis=0)), argnums=(0, 1, 2, 3)))(
         *args)
-    solves = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "tridiax_tridiagonal_solve"]
+    solves = equations(jaxpr, "tridiax_tridiagonal_solve")
     assert [e.params["transposed"] for e in solves] == [False, True]

@@ -71,3 +71,21 @@ def test_zero_pivot_is_reported():
     assert sol.result == lx.RESULTS.singular
     with pytest.raises(Exception, match="singular|Singular"):
         _solve(d, lo, up, b)
+
+
+@pytest.mark.parametrize("pivoting", [False, True])
+def test_tridiax_tdma_is_itself_a_lineax_solver(pivoting):
+    # `lineax.linear_solve(op, b, solver=tridiax.TDMA())` used to fail with "'TDMA' object has
+    # no attribute 'init'": the module solver now speaks lineax's solver interface too.
+    d, lo, up, b = _problem(seed=4)
+    op = lx.TridiagonalLinearOperator(d, lo, up)
+    solver = tridiax.TDMA(pivoting=pivoting)
+    x = lx.linear_solve(op, b, solver=solver).value
+    np.testing.assert_allclose(x, np.linalg.solve(op.as_matrix(), b), rtol=1e-12)
+    grads = jax.grad(lambda d: jnp.sum(lx.linear_solve(
+        lx.TridiagonalLinearOperator(d, lo, up), b, solver=solver).value ** 2))(d)
+    dense = jax.grad(lambda d: jnp.sum(jnp.linalg.solve(
+        lx.TridiagonalLinearOperator(d, lo, up).as_matrix(), b) ** 2))(d)
+    np.testing.assert_allclose(grads, dense, rtol=1e-10)
+    with pytest.raises(ValueError, match="tridiax.TDMA needs a tridiagonal operator"):
+        lx.linear_solve(lx.MatrixLinearOperator(jnp.eye(4)), jnp.ones(4), solver=solver)

@@ -150,7 +150,7 @@ def test_tdma_checks_its_settings(kwargs, match):
 
 
 def test_tdma_rejects_other_operators():
-    with pytest.raises(TypeError, match="tridiax.lineax.TDMA"):
+    with pytest.raises(TypeError, match=r"lineax.linear_solve\(operator, vector, solver=tridiax.TDMA\(\)\)"):
         tridiax.TDMA()(jnp.eye(3), jnp.ones(3))
 
 
@@ -164,7 +164,10 @@ def test_factorization_matches_scipy(shape, axis, dtype):
     for backend in backends(dtype):
         fact = tridiax.TDMA(backend=backend).factor(tridiax.Tridiagonal(lo, di, up, axis=axis))
         assert_close(fact.solve(b), expected, dtype)
-        # the same factors, many right-hand sides at once (an extra leading batch)
+        # the same factors, many right-hand sides at once (an extra leading batch); the axis
+        # counted from the end, which means the same dimension in bands and right-hand side
+        fact = tridiax.TDMA(backend=backend).factor(
+            tridiax.Tridiagonal(lo, di, up, axis=axis - len(shape) if axis >= 0 else axis))
         many = np.stack([b, 2 * b])
         assert_close(fact.solve(many), np.stack([expected, 2 * expected]), dtype)
 
@@ -260,3 +263,24 @@ def test_factorization_rhs_size_mismatch():
     fact = tridiax.Tridiagonal(np.ones(5), 3 * np.ones(5), np.ones(5)).factor()
     with pytest.raises(ValueError, match=r"do not broadcast.*rhs\(6,\)"):
         fact.solve(np.ones(6))
+
+
+# --- jax.jit of bound methods -----------------------------------------------------------
+
+@pytest.mark.parametrize("periodic", [False, True])
+def test_jax_jit_of_bound_methods(periodic):
+    lo, di, up, b = (jnp.asarray(v) for v in random_bands((7, 3), seed=13))
+    op = tridiax.Tridiagonal(lo, di, up, axis=0, periodic=periodic)
+    fact = op.factor()
+    np.testing.assert_allclose(jax.jit(op.solve)(b), op.solve(b), rtol=1e-14)
+    np.testing.assert_allclose(jax.jit(op.mv)(b), op.mv(b), rtol=1e-14)
+    np.testing.assert_allclose(jax.jit(op.as_matrix)(), op.as_matrix())
+    np.testing.assert_allclose(jax.jit(op.factor)().solve(b), fact.solve(b), rtol=1e-14)
+    np.testing.assert_allclose(jax.jit(fact.solve)(b), fact.solve(b), rtol=1e-14)
+    np.testing.assert_allclose(jax.jit(op.T.mv)(b), op.T.mv(b), rtol=1e-14)
+    np.testing.assert_allclose(eqx.filter_jit(op.solve)(b), op.solve(b), rtol=1e-14)
+    # Operators of one shape but other values are not confused by jit's cache.
+    other = tridiax.Tridiagonal(lo, 2 * di, up, axis=0, periodic=periodic)
+    assert hash(other) == hash(op) and not bool(other == op)
+    np.testing.assert_allclose(jax.jit(other.solve)(b), other.solve(b), rtol=1e-14)
+    assert not np.allclose(jax.jit(other.solve)(b), jax.jit(op.solve)(b))

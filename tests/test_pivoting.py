@@ -241,9 +241,17 @@ def test_check_periodic():
     x = tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, check=True)
     assert_close(x, verify.reference_solve(lower, diag, upper, rhs, axis=-1, periodic=True),
                  np.float64)
-    diag[0] = 0.0  # gamma = -diag[0] = 0: Sherman-Morrison breaks down
-    with pytest.raises(Exception, match=r"1 of 3 tridiagonal systems failed"):
+    diag[0, 0] = 0.0  # once a breakdown of Sherman-Morrison (gamma = -diag[0]); now solved
+    x = tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, check=True)
+    assert_close(x, verify.reference_solve(lower, diag, upper, rhs, axis=-1, periodic=True),
+                 np.float64)
+    diag[1, 1] = lower[1, 1] = 0.0  # row 1 of system 1 is (0, 0, upper, 0, ...): a zero pivot
+    with pytest.raises(tridiax.BreakdownError,
+                       match=r"1 of 3 periodic tridiagonal systems failed.*Pass pivoting=True"):
         tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, check=True)
+    x = tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, check=True, pivoting=True)
+    assert_close(x, verify.reference_solve(lower, diag, upper, rhs, axis=-1, periodic=True),
+                 np.float64, factor=100)
 
 
 def test_without_check_a_breakdown_stays_in_its_system():
@@ -257,8 +265,6 @@ def test_without_check_a_breakdown_stays_in_its_system():
 
 def test_pivoting_settings_errors():
     args = random_bands((5,), np.float64)
-    with pytest.raises(ValueError, match="pivoting=True applies to non-periodic systems"):
-        tridiax.Tridiagonal(*args[:3], periodic=True).solve(args[3], pivoting=True)
     with pytest.raises(TypeError, match="pivoting must be True or False"):
         tridiax.solve_tridiagonal(*args, pivoting="yes")
     with pytest.raises(TypeError, match="check must be True or False"):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_close, backends, numpy_loop
+from helpers import assert_close, backends, equations, numpy_loop
 from jax.test_util import check_grads
 
 import tridiax
@@ -45,8 +45,9 @@ def test_matches_numpy_loop(backend, T, F, reverse):
     assert h.shape == (T, F)
     assert_close(h, numpy_loop(a, x, reverse=reverse, initial=h0), np.float64)
     last = recurrence(a, x, reverse=reverse, initial=h0, final_only=True, backend=backend)
-    assert_close(last[0 if not reverse else 0], numpy_loop(a, x, reverse=reverse, initial=h0)[
-        0 if reverse else -1], np.float64)
+    assert last.shape == (F,)
+    assert_close(last, numpy_loop(a, x, reverse=reverse, initial=h0)[0 if reverse else -1],
+                 np.float64)
 
 
 def test_matches_associative_scan():
@@ -181,7 +182,7 @@ def test_backward_is_one_reverse_recurrence():
     a, x = jnp.ones((8, 3)), jnp.ones((8, 3))
     jaxpr = jax.make_jaxpr(jax.grad(lambda a, x: jnp.sum(tridiax.linear_recurrence(a, x)),
                                     argnums=(0, 1)))(a, x)
-    calls = [e.params for e in jaxpr.jaxpr.eqns if e.primitive.name == "tridiax_recurrence"]
+    calls = [e.params for e in equations(jaxpr, "tridiax_recurrence")]
     assert [(p["reverse"], p["shifted"]) for p in calls] == [(False, False), (True, True)]
 
 

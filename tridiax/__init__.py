@@ -1,13 +1,19 @@
 """tridiax: batched tridiagonal solves and linear recurrences for JAX.
 
-Pallas kernels along any axis of a batched array, gradients by implicit differentiation,
-verified against SciPy. `tridiax.lineax` (lineax interop) is imported on first use.
+Kernels along any axis of a batched array, gradients by implicit differentiation, verified
+against SciPy (`tridiax.verify`). `tridiax.lineax` (lineax interop) is imported on first use.
+
+Solves: `solve_tridiagonal`, `solve_periodic_tridiagonal`; operators and solvers (Equinox
+modules): `Tridiagonal`, `TDMA`, `TridiagonalFactorization`; recurrences: `linear_recurrence`,
+`indrnn`, `LinearRecurrence`, `IndRNN`; `BreakdownError` is what `check=True` raises.
+How `axis` and shapes are read, for all of them: README, "Shapes and axis".
 """
 
 import importlib
 import importlib.metadata
 
 from . import verify as verify
+from ._check import BreakdownError as BreakdownError
 from ._factorization import TridiagonalFactorization as TridiagonalFactorization
 from ._modules import IndRNN as IndRNN
 from ._modules import LinearRecurrence as LinearRecurrence
@@ -19,6 +25,20 @@ from ._solve import solve_periodic_tridiagonal as solve_periodic_tridiagonal
 from ._solve import solve_tridiagonal as solve_tridiagonal
 
 __version__ = importlib.metadata.version("tridiax")
+
+__all__ = [
+    "BreakdownError",
+    "IndRNN",
+    "LinearRecurrence",
+    "TDMA",
+    "Tridiagonal",
+    "TridiagonalFactorization",
+    "indrnn",
+    "linear_recurrence",
+    "solve_periodic_tridiagonal",
+    "solve_tridiagonal",
+    "verify",
+]
 
 
 def __getattr__(name: str):

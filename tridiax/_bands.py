@@ -47,6 +47,16 @@ def roll(x: Array, k: int, axis: int) -> Array:
     return lax.concatenate(parts, axis)
 
 
+def set_ends(x: Array, first: Array, last: Array, axis: int) -> Array:
+    """x (N >= 2 rows along `axis`) with its first and last rows replaced by `first` and
+    `last` (size 1 along `axis`, broadcasting against a row): no select, vmap-friendly."""
+    n = x.shape[axis]
+    middle = lax.slice_in_dim(x, 1, n - 1, axis=axis)
+    shape = middle.shape[:axis] + (1,) + middle.shape[axis + 1:]
+    return lax.concatenate([jnp.broadcast_to(first, shape), middle,
+                            jnp.broadcast_to(last, shape)], axis)
+
+
 def matvec(lower, diag, upper, x, *, axis: int, transposed: bool = False,
            periodic: bool = False) -> Array:
     """A @ x along `axis` for the tridiagonal A with these bands (or A^T when `transposed`).

@@ -6,11 +6,17 @@ A system fails when its solution is not finite or its normwise backward error
 
 exceeds sqrt(eps) of the dtype: half the digits lost in the backward sense, which a stable
 solve (pivoted, or unpivoted on a diagonally dominant matrix) never comes near, and a zero or
-tiny pivot always does. The error is raised through `equinox.branched_error_if`, so it works
-eagerly, under `jax.jit` and `equinox.filter_jit` (which gives the clearest traceback), under
-vmap (the count is then that of the worst vmapped instance, out of the systems of one
-instance), and in forward and reverse mode: the check rides on the cotangent too, so
-jit(grad(f)) raises even when the solution's value itself is never used.
+tiny pivot always does.
+
+How the error is raised depends on how the call runs (`enforce`):
+- eagerly (also under an eager jax.grad or jax.jvp, where the count carries no tangent), the
+  count is a concrete number after the solve, and `BreakdownError` is raised directly from
+  the call: a few lines of traceback, the count and what to do;
+- under a transformation (jax.jit, equinox.filter_jit, vmap, grad), through
+  `equinox.branched_error_if`, which is what JAX allows at run time: `equinox.filter_jit`
+  shows it as a clean `EquinoxRuntimeError`, `jax.jit` inside JAX's `JaxRuntimeError`. Under
+  vmap the count is that of the worst vmapped instance. The check rides on the tangents and
+  cotangents too, so jit(grad(f)) raises even when the solution's value itself is never used.
 """
 
 from __future__ import annotations
@@ -23,18 +29,28 @@ import equinox as eqx
 import jax.numpy as jnp
 from jax import Array, lax
 
-from . import _bands
+from . import _bands, _dispatch
+
+
+class BreakdownError(RuntimeError):
+    """Raised by a call with `check=True` when some systems failed (see `solve_tridiagonal`).
+
+    Its message says how many of how many, and what to do. Under a transformation the same
+    message arrives through `equinox.branched_error_if` (module docstring)."""
+
+    __module__ = "tridiax"  # shown as tridiax.BreakdownError, its public name
 
 
 @dataclasses.dataclass(frozen=True)
 class BreakdownMessages(Sequence):
     """The error message for each possible number of failed systems (built on demand: a
     batch of a million systems must not make a million strings). Hashable, as equinox wants
-    its messages static."""
+    its messages static. The advice is the one that applies to the call that was checked."""
 
     total: int
     tolerance: float
     pivoting: bool
+    periodic: bool = False
 
     def __len__(self) -> int:
         return self.total + 1
@@ -42,13 +58,17 @@ class BreakdownMessages(Sequence):
     def __getitem__(self, failed: int) -> str:
         if not 0 <= failed <= self.total:
             raise IndexError(failed)
-        head = (f"tridiax: {failed} of {self.total} tridiagonal systems failed: the solution is "
+        kind = "periodic tridiagonal" if self.periodic else "tridiagonal"
+        head = (f"tridiax: {failed} of {self.total} {kind} systems failed: the solution is "
                 f"not finite or its backward error exceeds {self.tolerance:.1e}. ")
         if self.pivoting:
+            tail = (" (or, rarely, the tridiagonal part left by the Sherman-Morrison split is "
+                    "singular although the cyclic matrix is not: solve those systems densely)"
+                    if self.periodic else "")
             return head + (
                 "The solve pivoted, so those matrices are singular or nearly singular at this "
-                "precision, or their inputs hold inf/NaN: check the inputs, use float64, or "
-                "regularise the problem.")
+                "precision, or their inputs hold inf/NaN" + tail + ": check the inputs, use "
+                "float64, or regularise the problem.")
         return head + (
             "Without pivoting (the Thomas algorithm) a zero or tiny pivot breaks the solve; it "
             "is safe for diagonally dominant or symmetric positive definite matrices. Pass "
@@ -56,12 +76,12 @@ class BreakdownMessages(Sequence):
             "formulation; if the inputs hold inf/NaN, fix those.")
 
 
-def check_solution(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array, *, axis: int,
-                   periodic: bool, pivoting: bool) -> Array:
-    """`x`, with a runtime error attached that fires when any system failed (see module)."""
-    shape, solution = x.shape, x
-    n, total = shape[axis], math.prod(shape) // shape[axis]
-    tolerance = math.sqrt(float(jnp.finfo(x.dtype).eps))
+def count_failures(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array, *, axis: int,
+                   periodic: bool) -> Array:
+    """The number of systems whose solution `x` failed (see module), as an int32 scalar."""
+    shape = x.shape
+    n = shape[axis]
+    tolerance = failure_tolerance(x.dtype)
     compute = jnp.promote_types(x.dtype, jnp.float32)
     # The count is not differentiated: no tangents or cotangents for its arithmetic.
     lower, diag, upper, rhs, x = (lax.stop_gradient(v).astype(compute)
@@ -79,8 +99,27 @@ def check_solution(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array
     scale = norm(lower + jnp.abs(diag) + upper) * norm(x) + norm(rhs)
     error = norm(residual) / jnp.where(scale > 0, scale, 1)
     failed = ~(jnp.isfinite(error) & jnp.all(jnp.isfinite(x), axis=axis)) | (error > tolerance)
-    count = jnp.sum(failed, dtype=jnp.int32)
-    return _guard(solution, count, BreakdownMessages(total, tolerance, pivoting))
+    return jnp.sum(failed, dtype=jnp.int32)
+
+
+def failure_tolerance(dtype) -> float:
+    return math.sqrt(float(jnp.finfo(dtype).eps))
+
+
+def messages_for(shape, axis: int, dtype, *, pivoting: bool, periodic: bool) -> BreakdownMessages:
+    total = math.prod(shape) // shape[axis]
+    return BreakdownMessages(total, failure_tolerance(dtype), bool(pivoting), bool(periodic))
+
+
+def enforce(x: Array, count: Array, messages: BreakdownMessages) -> Array:
+    """`x`, after raising `messages[count]` when count > 0: directly (`BreakdownError`) when
+    the count is concrete, through equinox at run time when it is traced (module docstring)."""
+    if _dispatch.is_traced(count):  # concrete under eager grad and jvp too: raise there
+        return _guard(x, count, messages)
+    failed = int(count)
+    if failed:
+        raise BreakdownError(messages[failed])
+    return x
 
 
 def _guard(x: Array, count: Array, messages: BreakdownMessages) -> Array:

@@ -23,14 +23,17 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 from jax.extend.core import Primitive
 from jax.interpreters import batching
+from jax.typing import ArrayLike
 
-from . import _backend, _bands, _layout, _sharding
+from . import _backend, _bands, _dispatch, _layout, _periodic, _sharding
+from ._inputs import as_input, check_operator_rank, conform, plan
 from ._kernels import _xla_thomas
 from ._primitive import ShapedArray, def_jit_impl, tridiagonal_solve_p
-from ._solve import check_periodic_size, prepare_operands
+from ._solve import check_periodic_size
 
 _BAND_NAMES = ("lower", "diag", "upper")
 
@@ -49,7 +52,11 @@ class TridiagonalFactorization(eqx.Module):
       L[i, i-1] = l[i], D = diag(m), V[i, i+1] = c'[i].
     - `periodic_correction` (w) and `periodic_weight` (kappa, size 1 along `axis`): for a
       periodic operator, x = y - (y[0] + kappa*y[N-1]) w; None otherwise.
-    - `axis` (negative, counted from the end), `periodic`, `backend`, `block`: static.
+    - `axis` (as given to the operator, counted in its bands), `band_ndim` (their number of
+      dimensions then), `periodic`, `backend`, `block`: static. A right-hand side with more
+      dimensions than `band_ndim` follows the operator's rule (`tridiax.Tridiagonal`).
+
+    `jax.jit(factorization.solve)` works (the factors are then constants of the program).
     """
 
     lower: Array
@@ -61,29 +68,48 @@ class TridiagonalFactorization(eqx.Module):
     periodic_correction: Array | None
     periodic_weight: Array | None
     axis: int = eqx.field(static=True)
+    band_ndim: int = eqx.field(static=True)
     periodic: bool = eqx.field(static=True, default=False)
     backend: str | None = eqx.field(static=True, default=None)
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
 
-    def solve(self, rhs: Array) -> Array:
+    __hash__ = _dispatch.structural_hash
+
+    @property
+    def axis_from_end(self) -> int:
+        return self.axis - self.band_ndim if self.axis >= 0 else self.axis
+
+    def solve(self, rhs: ArrayLike) -> Array:
         """x with A x = rhs, `rhs` broadcasting against the bands (more leading batch
         dimensions allowed); returns the broadcast shape."""
+        band_shape = np.broadcast_shapes(*(np.shape(b) for b in (self.lower, self.diag, self.upper)))
+        check_operator_rank(type(self).__name__, self.axis, self.band_ndim, band_shape, "rhs",
+                            np.shape(rhs))
         arrays = [self.lower, self.diag, self.upper, self.lower_factor, self.inverse_pivots,
                   self.upper_factor]
         names = list(_BAND_NAMES) + ["lower_factor", "inverse_pivots", "upper_factor"]
         if self.periodic:
             arrays += [self.periodic_correction, self.periodic_weight]
             names += ["periodic_correction", "periodic_weight"]
-        operands, axis = prepare_operands(arrays + [rhs], names + ["rhs"], self.axis)
-        n, n_rhs = operands[3].shape[axis], operands[-1].shape[axis]
+        values = arrays + [as_input("rhs", rhs)]
+        p = plan(values, names + ["rhs"], self.axis_from_end)
+        rhs_shape = (1,) * (p.ndim - np.ndim(rhs)) + np.shape(rhs)
+        n, n_rhs = np.shape(self.inverse_pivots)[self.axis_from_end], rhs_shape[p.axis]
         if n != n_rhs and n_rhs != 1:
             raise ValueError(
                 f"rhs has {n_rhs} rows along axis {self.axis} but this factorization was made "
                 f"for N = {n}" + (" (every band was constant along the axis, so N was unknown: "
                                   "give one band its N rows before factor())" if n == 1 else "")
                 + ".")
-        static = (axis, self.periodic, self.backend, self.block)
-        return _solve_with(static, tuple(operands[:3]), tuple(operands[3:-1]), operands[-1])
+        call = (p, self.periodic, self.backend, self.block)
+        return _dispatch.run(_solve_factored, call, *values)
+
+
+def _solve_factored(call, *values):
+    p, periodic, backend, block = call
+    operands = conform(values, p)
+    static = (p.axis, periodic, backend, block)
+    return _solve_with(static, tuple(operands[:3]), tuple(operands[3:-1]), operands[-1])
 
 
 def _solve_with(static, bands, factors, rhs):
@@ -123,48 +149,50 @@ def _apply_factors(static, factors, rhs):
     return x
 
 
-def factor(lower, diag, upper, *, axis: int, periodic: bool = False, backend=None,
-           block=None) -> TridiagonalFactorization:
-    """Eliminate the bands once (see `TridiagonalFactorization`); `axis` may be negative."""
-    bands, axis_nn = prepare_operands((lower, diag, upper), _BAND_NAMES, axis)
-    dtype = bands[0].dtype
-    _backend.check_backend(backend, dtype)
+def factor(lower, diag, upper, *, axis: int, band_ndim: int, periodic: bool = False,
+           backend=None, block=None) -> TridiagonalFactorization:
+    """Eliminate the bands once (see `TridiagonalFactorization`); `axis` and `band_ndim` as
+    the operator's."""
+    bands = [as_input(n, b) for n, b in zip(_BAND_NAMES, (lower, diag, upper), strict=True)]
+    from_end = axis - band_ndim if axis >= 0 else axis
+    p = plan(bands, _BAND_NAMES, from_end)
+    _backend.check_backend(backend, p.dtype)
     block = _backend.check_block(block)
-    full = _layout.broadcast_shape(*bands)
-    n = full[axis_nn]
     if periodic:
-        check_periodic_size(bands, axis_nn)
+        check_periodic_size(p.shape, p.axis)
+    arrays = _dispatch.run(_factor, (p, periodic, backend, block), *bands)
+    return TridiagonalFactorization(*arrays, axis=axis, band_ndim=band_ndim, periodic=periodic,
+                                    backend=backend, block=block)
+
+
+def _factor(call, *bands):
+    """The factorization's arrays: bands, factors, and the periodic correction and weight."""
+    p, periodic, backend, block = call
+    bands = conform(bands, p)
+    axis, full, dtype = p.axis, p.shape, p.dtype
+    n = full[axis]
     lo, di, up = (lax.stop_gradient(b) for b in bands)
     if periodic:
-        # T' = A - u v^T without its corners: d'[0] = 2 d[0], d'[N-1] = d[N-1] + alpha*beta/d[0].
-        d0 = lax.slice_in_dim(di, 0, 1, axis=axis_nn)
-        alpha = lax.slice_in_dim(lo, 0, 1, axis=axis_nn)
-        beta = lax.slice_in_dim(up, up.shape[axis_nn] - 1, up.shape[axis_nn], axis=axis_nn)
-        di = _bands.broadcast_along(di, axis_nn, n)
-        d_last = lax.slice_in_dim(di, n - 1, n, axis=axis_nn)
-        di = _set_ends(di, 2 * d0, d_last + alpha * beta / d0, axis_nn)
-    factors = _factor_arrays(lo, di, up, axis_nn, dtype)
+        # T' = A - u v^T without its corners (`_periodic.py`): d'[0] = d[0] - gamma,
+        # d'[N-1] = d[N-1] - alpha*beta/gamma.
+        d0 = lax.slice_in_dim(di, 0, 1, axis=axis)
+        alpha = lax.slice_in_dim(lo, 0, 1, axis=axis)
+        beta = lax.slice_in_dim(up, up.shape[axis] - 1, up.shape[axis], axis=axis)
+        gamma = _periodic.split(d0, alpha, lax.slice_in_dim(up, 0, 1, axis=axis))
+        di = _bands.broadcast_along(di, axis, n)
+        d_last = lax.slice_in_dim(di, n - 1, n, axis=axis)
+        di = _bands.set_ends(di, d0 - gamma, d_last - alpha * beta / gamma, axis)
+    factors = _factor_arrays(lo, di, up, axis, dtype)
     correction = weight = None
     if periodic:
-        # z = T'^{-1} u with u = (gamma, 0, ..., 0, beta), gamma = -d[0]; w = z / (1 + v.z).
-        u = _set_ends(jnp.zeros(full, dtype), -d0, beta, axis_nn)
-        z = _apply_factors((axis_nn, False, backend, block), factors, u)
-        weight = -alpha / d0
-        denominator = (1 + lax.slice_in_dim(z, 0, 1, axis=axis_nn)
-                       + weight * lax.slice_in_dim(z, n - 1, n, axis=axis_nn))
+        # z = T'^{-1} u with u = (gamma, 0, ..., 0, beta); w = z / (1 + v.z), kappa = alpha/gamma.
+        u = _bands.set_ends(jnp.zeros(full, dtype), gamma, beta, axis)
+        z = _apply_factors((axis, False, backend, block), factors, u)
+        weight = alpha / gamma
+        denominator = (1 + lax.slice_in_dim(z, 0, 1, axis=axis)
+                       + weight * lax.slice_in_dim(z, n - 1, n, axis=axis))
         correction = z / denominator
-    return TridiagonalFactorization(
-        *bands, *factors, correction, weight, axis=axis_nn - len(full), periodic=periodic,
-        backend=backend, block=block)
-
-
-def _set_ends(x: Array, first: Array, last: Array, axis: int) -> Array:
-    """x with its first and last entries along `axis` replaced (no select: vmap-friendly)."""
-    n = x.shape[axis]
-    middle = lax.slice_in_dim(x, 1, n - 1, axis=axis)
-    shape = middle.shape[:axis] + (1,) + middle.shape[axis + 1:]
-    return lax.concatenate([jnp.broadcast_to(first, shape), middle,
-                            jnp.broadcast_to(last, shape)], axis)
+    return (*bands, *factors, correction, weight)
 
 
 def _factor_arrays(lower, diag, upper, axis: int, dtype) -> tuple[Array, Array, Array]:

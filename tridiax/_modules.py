@@ -16,7 +16,9 @@ from ._recurrence import indrnn, linear_recurrence
 class LinearRecurrence(eqx.Module):
     """h[t] = a[t]*h[t-1] + x[t] along `axis` (see `tridiax.linear_recurrence`).
 
-    `LinearRecurrence(axis=0, reverse=False)(a, x, initial=None, final_only=False)`.
+    `LinearRecurrence(axis=0, reverse=False)(a, x, initial=None, final_only=False)`: `axis`
+    is a dimension of the broadcast shape of `a` and `x`, as for every tridiax call (README,
+    "Shapes and axis").
     """
 
     axis: int = eqx.field(static=True, default=0)
@@ -63,4 +65,6 @@ class IndRNN(eqx.Module):
                              "jax.vmap for a batch of sequences.")
         # Contract the input dimension of both operands directly: no transpose op, even of W.
         z = jax.lax.dot_general(xs, self.weight_ih, (((1,), (1,)), ((), ()))) + self.bias
-        return indrnn(self.weight_hh, z, axis=0, activation=self.activation, initial=initial)
+        # weight_hh as (1, hidden): per unit, constant in time, whatever T is (`_inputs.py`).
+        return indrnn(self.weight_hh[None, :], z, axis=0, activation=self.activation,
+                      initial=initial)

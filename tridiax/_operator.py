@@ -1,6 +1,7 @@
 """Equinox modules for the Equinox way of working: the operator `Tridiagonal` and the solver
 `TDMA`. Both are pytrees (bands are leaves, settings are static), so they pass through jit,
-vmap and grad; the work is done by `_solve.py` and `_factorization.py`."""
+vmap and grad; the work is done by `_solve.py` and `_factorization.py`. How `axis` and shapes
+are read: `_inputs.py` (rule 3 for operators)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from . import _backend, _bands
+from . import _backend, _bands, _dispatch
 from ._factorization import TridiagonalFactorization, factor
-from ._solve import check_periodic_size, prepare_operands, solve
+from ._inputs import as_input, check_dtype, check_operator_rank, conform, plan, read
+from ._solve import check_periodic_size, solve
 
 _NAMES = ("lower", "diag", "upper")
 
@@ -28,10 +30,14 @@ class Tridiagonal(eqx.Module):
     **Arguments:**
 
     - `lower`, `diag`, `upper`: arrays that broadcast together, e.g. `(N,)` for one matrix,
-      `(N, B)` with `axis=0` for B matrices, `(N, 1)` for one matrix shared by B columns, or
-      size 1 along `axis` for coefficients constant along the system.
-    - `axis`: the axis the systems lie along; stored counting from the end, so the operator
-      applies to right-hand sides with more leading batch dimensions than the bands.
+      `(N, B)` with `axis=0` for B matrices, `(N, 1)` with `axis=0` for one matrix shared by
+      the B columns of an `(N, B)` right-hand side, or size 1 along `axis` for coefficients
+      constant along the system.
+    - `axis`: the axis the systems lie along, counted in the bands' broadcast shape. A
+      right-hand side with more (leading) dimensions than the bands is aligned with them at
+      the right, as NumPy broadcasts: a negative `axis` (counted from the end) then means the
+      same dimension in both; a non-negative one is ambiguous there and raises an error that
+      shows both readings (README, "Shapes and axis").
     - `periodic`: cyclic matrices (rings, periodic grids, closed splines).
 
     Checked in `__check_init__`: floating or complex dtypes, shapes that broadcast, `axis` in
@@ -41,6 +47,8 @@ class Tridiagonal(eqx.Module):
     `A.factor()` (see `TridiagonalFactorization`), `s * A`, `-A`, `A.shift_diagonal(s)`
     (A + s I) and `A + B`, `A - B` for operators on the same axis. Implicit Euler for
     u_t = L u is `L.scale(-dt).shift_diagonal(1.0).solve(u)`, i.e. (I - dt L) u' = u.
+    `jax.jit(A.solve)` (and the other methods) works as for any callable; the bands are then
+    constants of the compiled program, as with `jax.jit(model.__call__)`.
 
     **Example:**
 
@@ -60,19 +68,37 @@ class Tridiagonal(eqx.Module):
     upper: Array
     axis: int = eqx.field(static=True)
     periodic: bool = eqx.field(static=True)
+    band_ndim: int = eqx.field(static=True)
 
     def __init__(self, lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, *, axis: int = -1,
                  periodic: bool = False):
-        self.lower, self.diag, self.upper = (_as_array(b) for b in (lower, diag, upper))
-        ndim = max(getattr(b, "ndim", 0) for b in (self.lower, self.diag, self.upper))
-        in_range = isinstance(axis, int) and 0 <= axis < ndim
-        self.axis = axis - ndim if in_range else axis  # counted from the end
+        bands, signatures = read(_NAMES, (lower, diag, upper))
+        for name, (_, dtype, _) in zip(_NAMES, signatures, strict=True):
+            check_dtype(name, dtype)  # as given, before JAX's 32-bit mode converts it
+        self.lower, self.diag, self.upper = (jnp.asarray(b) for b in bands)
+        self.axis = axis
         self.periodic = bool(periodic)
+        self.band_ndim = max(jnp.ndim(b) for b in (self.lower, self.diag, self.upper))
 
     def __check_init__(self):
-        bands, axis = prepare_operands((self.lower, self.diag, self.upper), _NAMES, self.axis)
+        bands = [as_input(n, b) for n, b in zip(_NAMES, (self.lower, self.diag, self.upper),
+                                                 strict=True)]
+        p = plan(bands, _NAMES, self.axis)
         if self.periodic:
-            check_periodic_size(bands, axis)
+            check_periodic_size(p.shape, p.axis)
+
+    __hash__ = _dispatch.structural_hash
+
+    @property
+    def axis_from_end(self) -> int:
+        """`axis` counted from the end (negative): the same dimension of the bands and of a
+        right-hand side with more leading dimensions."""
+        return self.axis - self.band_ndim if self.axis >= 0 else self.axis
+
+    def _check_rhs(self, name: str, value) -> None:
+        band_shape = np.broadcast_shapes(*(np.shape(b) for b in (self.lower, self.diag, self.upper)))
+        check_operator_rank(type(self).__name__, self.axis, self.band_ndim, band_shape, name,
+                            np.shape(value))
 
     # --- shapes -------------------------------------------------------------------------
 
@@ -85,19 +111,30 @@ class Tridiagonal(eqx.Module):
         ndim = max(ndim, self.ndim)
         bands = [jnp.reshape(b, (1,) * (ndim - jnp.ndim(b)) + jnp.shape(b))
                  for b in (self.lower, self.diag, self.upper)]
-        return bands, ndim + self.axis
+        return bands, ndim + self.axis_from_end
+
+    def _with_bands(self, lower, diag, upper) -> Tridiagonal:
+        """An operator on the same axis (the same dimension, counted from the end) with new
+        bands, which may have more leading dimensions than these."""
+        ndim = max(jnp.ndim(b) for b in (lower, diag, upper))
+        axis = self.axis_from_end + ndim if self.axis >= 0 else self.axis
+        return Tridiagonal(lower, diag, upper, axis=axis, periodic=self.periodic)
 
     # --- linear algebra -----------------------------------------------------------------
 
     def mv(self, x: ArrayLike) -> Array:
         """A @ x along `axis` for every system (x broadcasts against the bands)."""
-        (lo, di, up, x), axis = prepare_operands((self.lower, self.diag, self.upper, x),
-                                                 _NAMES + ("x",), self.axis)
-        n = max(b.shape[axis] for b in (lo, di, up))
-        if x.shape[axis] != n and n != 1:
-            raise ValueError(f"x has {x.shape[axis]} rows along axis {self.axis}, the "
+        self._check_rhs("x", x)
+        names = _NAMES + ("x",)
+        values = [as_input(n, v) for n, v in zip(names, (self.lower, self.diag, self.upper, x),
+                                                  strict=True)]
+        p = plan(values, names, self.axis_from_end)
+        n = max(np.shape(b)[p.axis - p.ndim] if np.ndim(b) >= p.ndim - p.axis else 1
+                for b in values[:3])
+        if p.shape[p.axis] != n and n != 1:
+            raise ValueError(f"x has {p.shape[p.axis]} rows along axis {self.axis}, the "
                              f"operator {n}.")
-        return _bands.matvec(lo, di, up, x, axis=axis, periodic=self.periodic)
+        return _dispatch.run(_matvec, (p, self.periodic), *values)
 
     @property
     def T(self) -> Tridiagonal:
@@ -110,7 +147,7 @@ class Tridiagonal(eqx.Module):
                 return band
             return _bands.roll(band, k, axis) if self.periodic else _bands.shift(band, k, axis)
 
-        return Tridiagonal(moved(up, 1), di, moved(lo, -1), axis=self.axis, periodic=self.periodic)
+        return self._with_bands(moved(up, 1), di, moved(lo, -1))
 
     def as_matrix(self) -> Array:
         """Dense matrices, shape `batch + (N, N)` with `batch` the bands' broadcast shape
@@ -138,21 +175,19 @@ class Tridiagonal(eqx.Module):
 
     def factor(self) -> TridiagonalFactorization:
         """Eliminate once; `.solve(rhs)` of the result reuses the pivots (differentiable)."""
-        return factor(self.lower, self.diag, self.upper, axis=self.axis, periodic=self.periodic)
+        return TDMA().factor(self)
 
     # --- operator algebra (elementwise on the bands; fused by XLA under jit) -------------
 
     def scale(self, s: ArrayLike) -> Tridiagonal:
         """s * A for a scalar `s` (or an array broadcasting like a band)."""
         s = jnp.asarray(s)
-        return Tridiagonal(s * self.lower, s * self.diag, s * self.upper, axis=self.axis,
-                           periodic=self.periodic)
+        return self._with_bands(s * self.lower, s * self.diag, s * self.upper)
 
     def shift_diagonal(self, s: ArrayLike) -> Tridiagonal:
         """A + s*I for a scalar `s` (or an array broadcasting like a band): only the diagonal
         changes; lower and upper are the same arrays."""
-        return Tridiagonal(self.lower, self.diag + jnp.asarray(s), self.upper, axis=self.axis,
-                           periodic=self.periodic)
+        return self._with_bands(self.lower, self.diag + jnp.asarray(s), self.upper)
 
     def __mul__(self, s):
         if isinstance(s, Tridiagonal):
@@ -167,17 +202,24 @@ class Tridiagonal(eqx.Module):
     def __add__(self, other):
         if not isinstance(other, Tridiagonal):
             return NotImplemented
-        if (other.axis, other.periodic) != (self.axis, self.periodic):
+        if (other.axis_from_end, other.periodic) != (self.axis_from_end, self.periodic):
             raise ValueError("operators added together must share axis and periodic, got "
-                             f"axis {self.axis}/{other.axis}, periodic "
+                             f"axis {self.axis}/{other.axis} (from the end "
+                             f"{self.axis_from_end}/{other.axis_from_end}), periodic "
                              f"{self.periodic}/{other.periodic}.")
-        return Tridiagonal(self.lower + other.lower, self.diag + other.diag,
-                           self.upper + other.upper, axis=self.axis, periodic=self.periodic)
+        return self._with_bands(self.lower + other.lower, self.diag + other.diag,
+                                self.upper + other.upper)
 
     def __sub__(self, other):
         if not isinstance(other, Tridiagonal):
             return NotImplemented
         return self + (-other)
+
+
+def _matvec(call, lower, diag, upper, x):
+    p, periodic = call
+    lower, diag, upper, x = conform((lower, diag, upper, x), p)
+    return _bands.matvec(lower, diag, upper, x, axis=p.axis, periodic=periodic)
 
 
 class TDMA(eqx.Module):
@@ -190,13 +232,17 @@ class TDMA(eqx.Module):
     - `block`: None, or the (bp, bq) tile of systems one Pallas program solves (powers of
       two; bp along the batch axes before `axis`, bq along those after it). Other backends
       choose their own tiling.
-
     - `pivoting`: partial pivoting (row interchanges, as LAPACK's gtsv) for matrices that are
-      not diagonally dominant; see `tridiax.solve_tridiagonal`. Not for periodic operators.
+      not diagonally dominant; see `tridiax.solve_tridiagonal` (periodic operators:
+      `tridiax.solve_periodic_tridiagonal`).
     - `check`: raise an error counting the systems that failed (`tridiax.solve_tridiagonal`).
 
     `operator` is a `tridiax.Tridiagonal` (periodic or not) or a `TridiagonalFactorization`
     (then the backend and block it was made with apply).
+
+    **lineax:** a TDMA is also a lineax solver (`lineax.linear_solve(op, b,
+    solver=tridiax.TDMA())`) for operators tagged tridiagonal, when lineax is installed; it
+    then behaves as `tridiax.lineax.TDMA`, which subclasses lineax's `AbstractLinearSolver`.
     """
 
     backend: str | None = eqx.field(static=True, default=None)
@@ -216,11 +262,13 @@ class TDMA(eqx.Module):
             return operator.solve(rhs)
         if not isinstance(operator, Tridiagonal):
             raise TypeError("TDMA solves a tridiax.Tridiagonal or TridiagonalFactorization, "
-                            f"got {type(operator).__name__}; for lineax operators use "
-                            "tridiax.lineax.TDMA().")
-        return solve(operator.lower, operator.diag, operator.upper, rhs, axis=operator.axis,
-                     backend=self.backend, periodic=operator.periodic, block=self.block,
-                     pivoting=self.pivoting, check=self.check)
+                            f"got {type(operator).__name__}; for lineax operators call "
+                            "lineax.linear_solve(operator, vector, solver=tridiax.TDMA()).")
+        operator._check_rhs("rhs", rhs)
+        return solve(operator.lower, operator.diag, operator.upper, rhs,
+                     axis=operator.axis_from_end, backend=self.backend,
+                     periodic=operator.periodic, block=self.block, pivoting=self.pivoting,
+                     check=self.check)
 
     def factor(self, operator: Tridiagonal) -> TridiagonalFactorization:
         """`operator.factor()` with this solver's backend and block sizes (unpivoted)."""
@@ -229,12 +277,28 @@ class TDMA(eqx.Module):
                              "pivoting=True or check=True solve with TDMA(...)(operator, rhs) "
                              "each time.")
         return factor(operator.lower, operator.diag, operator.upper, axis=operator.axis,
-                      periodic=operator.periodic, backend=self.backend, block=self.block)
+                      band_ndim=operator.band_ndim, periodic=operator.periodic,
+                      backend=self.backend, block=self.block)
+
+    # --- the lineax solver interface (lineax.AbstractLinearSolver), used by linear_solve ---
+
+    def init(self, operator, options):
+        return _lineax().init_state(self, operator)
+
+    def compute(self, state, vector, options):
+        return _lineax().compute_solution(self, state, vector)
+
+    def transpose(self, state, options):
+        return _lineax().transpose_state(state), options
+
+    def conj(self, state, options):
+        return _lineax().conj_state(state), options
+
+    def assume_full_rank(self) -> bool:
+        return True
 
 
-def _as_array(x):
-    """An array, or `x` unchanged when it is not array-like (__check_init__ then says so)."""
-    try:
-        return jnp.asarray(x)
-    except TypeError:
-        return x
+def _lineax():
+    from . import lineax  # raises an ImportError that says how to install lineax
+
+    return lineax

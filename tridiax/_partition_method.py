@@ -71,7 +71,7 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
     out_dtype = rhs.dtype
     cdt = compute_dtype(out_dtype)
     lower, diag, upper, rhs = (x.astype(cdt) for x in (lower, diag, upper, rhs))
-    periodic = kind == "periodic"
+    periodic = kind in ("periodic", "periodic_pivoted")
     if transposed:
         lower, upper = _transposed_bands(lower, upper, names, devices, axis)
     shape = broadcast_shape(lower, diag, upper, rhs)
@@ -90,7 +90,7 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
     stacked = jnp.stack([jnp.broadcast_to(rhs, shape), jnp.where(index == 0, c_first, 0),
                          jnp.where(index == m - 1, c_last, 0)])
     y, v, w = local_solve(lower[None], diag[None], upper[None], stacked, axis=axis + 1,
-                          kind="pivoted" if kind == "pivoted" else "thomas")
+                          kind="pivoted" if kind in ("pivoted", "periodic_pivoted") else "thomas")
 
     # The 6 boundary numbers of every system, from every block: (P, 6, *batch).
     ends = [jnp.squeeze(row(s, i), axis) for s in (y, v, w) for i in (0, m - 1)]

@@ -20,6 +20,8 @@ see `_backend.py`), `block` (None, or the (bp, bq) tile of systems a Pallas prog
   A[N-1, 0] of a cyclic matrix (N >= 3), by Sherman-Morrison in one sweep;
 - "pivoted": the "thomas" operands, eliminated with partial pivoting (row interchanges, as
   LAPACK's gtsv); same JVP as "thomas" (x = A^{-1} b whatever the elimination order);
+- "periodic_pivoted": the "periodic" operands, Sherman-Morrison around the pivoted kernel
+  (`_periodic.solve_pivoted`);
 - "factored": (l, m, c', rhs), stored factors A = L D V (`_factorization.py`); linear in rhs
   only here, gradients w.r.t. the bands the factors came from are that module's business.
 The transpose rule is the same for every kind: one solve with `transposed` flipped.
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from . import _backend, _bands, _layout, _partition_method, _sharding
+from . import _backend, _bands, _layout, _partition_method, _periodic, _sharding
 
 try:  # public in jax 0.10; guard against its move out of jax.core in later releases
     from jax.core import ShapedArray
@@ -74,6 +76,10 @@ def _lowering(platform: str):
 
         def local_solve(*operands, axis, kind, transposed=False):
             """The systems one device holds (all of them when unsharded)."""
+            if kind == "periodic_pivoted":  # Sherman-Morrison around the pivoted kernel
+                pivoted = functools.partial(local_solve, kind="pivoted")
+                return _periodic.solve_pivoted(*operands, axis=axis, transposed=transposed,
+                                               pivoted_solve=pivoted)
             shape = _layout.broadcast_shape(*operands)
             views = [_layout.to_pnq(x, axis, shape) for x in operands]
             x = _backend.kernel("thomas", backend, block=block)(
@@ -115,7 +121,7 @@ def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):
                 "a factored solve is differentiated through the bands it was made from "
                 "(TridiagonalFactorization.solve), not through its factors")
         terms.append(-_bands.matvec(lower_t, diag_t, upper_t, x, axis=axis,
-                                    transposed=transposed, periodic=kind == "periodic"))
+                                    transposed=transposed, periodic=is_periodic(kind)))
     if not terms:
         return x, ad.Zero.from_primal_value(x)
     x_t = tridiagonal_solve_p.bind(lower, diag, upper, sum(terms[1:], terms[0]), **params)
@@ -123,6 +129,10 @@ def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):
 
 
 ad.primitive_jvps[tridiagonal_solve_p] = _jvp
+
+
+def is_periodic(kind: str) -> bool:
+    return kind in ("periodic", "periodic_pivoted")
 
 
 def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):

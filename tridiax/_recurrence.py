@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -10,33 +11,45 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from . import _backend
-from ._dtypes import is_supported
+from . import _backend, _dispatch
+from ._inputs import as_input, check_dtype, conform, plan_of, read, signature
 from ._recurrence_primitive import recurrence_p
-from ._solve import prepare_operands
 
 
-def _prepare(coefficient, x, initial, names, axis):
-    (a, x), axis = prepare_operands((coefficient, x), names, axis)
-    shape = np.broadcast_shapes(a.shape, x.shape)
-    state_shape = shape[:axis] + shape[axis + 1 :]
-    if initial is None:
-        h0 = jnp.zeros((1,) * len(shape), x.dtype)
-    else:
-        try:
-            h0 = jnp.asarray(initial)
-        except TypeError as err:
-            raise TypeError(f"initial must be an array, got {type(initial).__name__}: {err}") from None
-        if not is_supported(h0.dtype):
-            raise TypeError(f"initial has dtype {h0.dtype}; it must be floating-point or complex.")
-        if h0.ndim > len(state_shape) or not _broadcasts(h0.shape, state_shape):
+def recurrence(a, x, *, axis=0, reverse=False, initial=None, final_only=False, activation=None,
+               backend=None, names=("a", "x")):
+    """The shared entry point of linear_recurrence and indrnn, with a backend override. With
+    `final_only`, the last state with `axis` removed."""
+    values, signatures = read(names, (a, x))
+    p = plan_of(signatures, names, axis, along="time steps")
+    state_shape = p.shape[:p.axis] + p.shape[p.axis + 1:]
+    if initial is not None:
+        initial = as_input("initial", initial)
+        check_dtype("initial", signature(initial)[1])
+        if np.ndim(initial) > len(state_shape) or not _broadcasts(np.shape(initial), state_shape):
             raise ValueError(
-                f"initial has shape {h0.shape}, which does not broadcast to the state shape "
-                f"{state_shape} (the shape {shape} without axis {axis})."
+                f"initial has shape {np.shape(initial)}, which does not broadcast to the state "
+                f"shape {state_shape} (the shape {p.shape} without axis {p.axis})."
             )
-        h0 = jnp.expand_dims(h0.reshape((1,) * (len(state_shape) - h0.ndim) + h0.shape), axis)
-    dtype = jnp.result_type(a.dtype, x.dtype, h0.dtype)
-    return a.astype(dtype), x.astype(dtype), h0.astype(dtype), axis
+        p = dataclasses.replace(p, dtype=np.dtype(jnp.result_type(p.dtype, initial)))
+    _backend.check_backend(backend, p.dtype, activation=activation)
+    call = (p, bool(reverse), bool(final_only), activation, backend, initial is not None)
+    return _dispatch.run(_compute, call, *values, *([] if initial is None else [initial]))
+
+
+def _compute(call, a, x, *initial):
+    p, reverse, final_only, activation, backend, _ = call
+    a, x = conform((a, x), p)
+    if initial:
+        (h0,) = initial
+        state_ndim = p.ndim - 1
+        h0 = jnp.asarray(h0).astype(p.dtype)
+        h0 = jnp.expand_dims(h0.reshape((1,) * (state_ndim - h0.ndim) + h0.shape), p.axis)
+    else:
+        h0 = jnp.zeros((1,) * p.ndim, p.dtype)
+    h = recurrence_p.bind(a, x, h0, axis=p.axis, reverse=reverse, shifted=False,
+                          activation=activation, final_only=final_only, backend=backend)
+    return jnp.squeeze(h, p.axis) if final_only else h
 
 
 def _broadcasts(shape, target) -> bool:
@@ -44,15 +57,6 @@ def _broadcasts(shape, target) -> bool:
         return np.broadcast_shapes(shape, target) == tuple(target)
     except ValueError:
         return False
-
-
-def recurrence(a, x, *, axis=0, reverse=False, initial=None, final_only=False, activation=None,
-               backend=None, names=("a", "x")):
-    """The shared entry point of linear_recurrence and indrnn, with a backend override."""
-    a, x, h0, axis = _prepare(a, x, initial, names, axis)
-    _backend.check_backend(backend, x.dtype, activation=activation)
-    return recurrence_p.bind(a, x, h0, axis=axis, reverse=bool(reverse), shifted=False,
-                             activation=activation, final_only=bool(final_only), backend=backend)
 
 
 def linear_recurrence(a: ArrayLike, x: ArrayLike, *, axis: int = 0, reverse: bool = False,
@@ -77,8 +81,7 @@ def linear_recurrence(a: ArrayLike, x: ArrayLike, *, axis: int = 0, reverse: boo
     $\bar h_t = g_t + a_{t+1} \bar h_{t+1}$ with the same kernel; jvp, vmap and second order work.
     Equivalent to a loop `h = a[t] * h + x[t]`.
     """
-    h = recurrence(a, x, axis=axis, reverse=reverse, initial=initial, final_only=final_only)
-    return jnp.squeeze(h, axis) if final_only else h
+    return recurrence(a, x, axis=axis, reverse=reverse, initial=initial, final_only=final_only)
 
 
 def indrnn(weight_hh: ArrayLike, z: ArrayLike, *, axis: int = 0,

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
 
-import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from . import _backend
-from ._check import check_solution
-from ._dtypes import is_supported
+from . import _backend, _dispatch
+from ._check import BreakdownMessages, count_failures, enforce, messages_for
+from ._inputs import Plan, conform, plan_of, read, x64_enabled
 from ._primitive import tridiagonal_solve_p
 
 _NAMES = ("lower", "diag", "upper", "rhs")
@@ -36,19 +35,23 @@ def solve_tridiagonal(
 
     **Arguments:**
 
-    - `lower`, `diag`, `upper`: the bands, each `(*batch, N, *batch2)` or anything that
-      broadcasts to the shape of the result under NumPy rules: bands of shape `(N, 1)` solve
-      every column of an `(N, B)` right-hand side with one matrix, and are never copied B times.
-      A band of size 1 along `axis` is constant along the system.
-    - `rhs`: the right-hand sides, broadcasting with the bands likewise.
+    - `lower`, `diag`, `upper`: the bands; `rhs`: the right-hand sides. The four broadcast
+      together under NumPy's rules (aligned at the right), and `axis` is a dimension of their
+      broadcast shape. Bands of shape `(N, 1)` solve every column of an `(N, B)` right-hand
+      side with one matrix (read, never copied B times); a band of size 1 along `axis` is
+      constant along the systems. Bands of shape `(N,)` lie along the last axis: for systems
+      along axis 0 of an `(N, B)` right-hand side they must be `(N, 1)`, and the error says
+      so. README, "Shapes and axis", has the whole rule.
     - `axis`: the axis the systems lie along (negative counts from the end).
     - `pivoting`: eliminate with row interchanges (partial pivoting, one fill-in diagonal, as
       LAPACK's gtsv): accurate for any nonsingular matrix (backward error of order eps*N),
       at about 1.2x the cost of the unpivoted solve on CPU (benchmarks/README.md).
     - `check`: after the solve, count the systems whose solution is not finite or whose
       backward error ||b - Ax|| / (||A|| ||x|| + ||b||) exceeds sqrt(eps), and raise an error
-      saying how many failed and what to do (`equinox.branched_error_if`: works eagerly and
-      under `jax.jit`/`equinox.filter_jit`, vmap and grad). Costs one matrix-vector product.
+      saying how many failed and what to do: `tridiax.BreakdownError` when called eagerly;
+      under `jax.jit`, `equinox.filter_jit`, vmap and grad the same message arrives through
+      `equinox.branched_error_if` (`equinox.filter_jit` shows it most clearly). Costs one
+      matrix-vector product.
 
     **Returns:**
 
@@ -63,17 +66,19 @@ def solve_tridiagonal(
     (every other system is solved exactly as if it were alone); a tiny one can give a finite,
     wrong answer, which `check=True` detects.
 
-    **Performance:** on GPU a Pallas (Triton) kernel walks the rows of each system in place,
-    whatever the axis; on CPU an XLA loop does the same. Gradients (reverse and forward mode,
-    w.r.t. all four inputs) cost one more solve plus elementwise work, by implicit
-    differentiation; vmap at any `in_axes` adds a batch dimension without moving data.
+    **Performance:** the rows of each system are walked in place, whatever the axis: on CPU
+    by a C++ kernel (built on first use; an XLA loop where no compiler is found), on GPU by
+    a Pallas (Triton) kernel. Gradients (reverse and forward mode, w.r.t. all four inputs)
+    cost one more solve plus elementwise work, by implicit differentiation; vmap at any
+    `in_axes` adds a batch dimension without moving data.
 
     **Example:**
 
     ```python
     import jax.numpy as jnp, tridiax
-    n = 5
-    x = tridiax.solve_tridiagonal(-jnp.ones(n), 2 * jnp.ones(n), -jnp.ones(n), jnp.ones((n, 3)), axis=0)
+    n = 5  # 3 systems of 5 rows along axis 0, one matrix for all: bands (n, 1)
+    lower, diag, upper = -jnp.ones((n, 1)), 2 * jnp.ones((n, 1)), -jnp.ones((n, 1))
+    x = tridiax.solve_tridiagonal(lower, diag, upper, jnp.ones((n, 3)), axis=0)  # (5, 3)
     ```
     """
     return solve(lower, diag, upper, rhs, axis=axis, pivoting=pivoting, check=check)
@@ -81,7 +86,7 @@ def solve_tridiagonal(
 
 def solve_periodic_tridiagonal(
     lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, rhs: ArrayLike, *, axis: int = -1,
-    check: bool = False,
+    pivoting: bool = False, check: bool = False,
 ) -> Array:
     r"""Solve many cyclic (periodic) tridiagonal systems along `axis` of an N-d array.
 
@@ -92,20 +97,27 @@ def solve_periodic_tridiagonal(
     so `lower[0]` is the corner A[0, N-1] and `upper[N-1]` the corner A[N-1, 0] (rings,
     periodic grids, closed splines). Needs N >= 3.
 
-    Solved by Sherman-Morrison: with gamma = -diag[0], A = T' + u v^T where T' is tridiagonal
-    (diag[0] - gamma, diag[N-1] - lower[0]*upper[N-1]/gamma), u = (gamma, 0, ..., 0,
-    upper[N-1]) and v = (1, 0, ..., 0, lower[0]/gamma). One kernel sweep eliminates T' for
-    both right-hand sides (rhs and u) and forms x = y - (v.y)/(1 + v.z) z: the bands and rhs
-    are read once.
+    Solved by Sherman-Morrison, A = T' + u v^T with T' tridiagonal: T' differs from A in
+    d'[0] = diag[0] - gamma and d'[N-1] = diag[N-1] - lower[0]*upper[N-1]/gamma, with the
+    split gamma = -sign(diag[0]) * max(|diag[0]|, |lower[0]|, |upper[0]|) chosen per system so
+    that row 0 of T' is diagonally dominant even when diag[0] is zero or tiny, and row N-1 of
+    T' is dominant wherever row N-1 of A is. Without pivoting one kernel sweep eliminates T'
+    for both right-hand sides (rhs and u): the bands and rhs are read once.
 
-    **Arguments:** as `solve_tridiagonal` (shapes broadcast, any `axis`, same dtypes, `check`);
-    there is no pivoting option.
+    **Arguments:** as `solve_tridiagonal` (shapes broadcast, any `axis`, same dtypes,
+    `check`), and
+
+    - `pivoting`: eliminate T' with partial pivoting (as `solve_tridiagonal(...,
+      pivoting=True)`), for cyclic matrices that are not diagonally dominant. Costs about
+      two pivoted solves (benchmarks/README.md).
 
     **Returns:** `x` with the broadcast shape of the inputs.
 
-    **Numerics:** no pivoting; stable for diagonally dominant matrices (for which T' stays
-    dominant). Gradients w.r.t. all four inputs by implicit differentiation, vmap at any
-    in_axes, as for `solve_tridiagonal`.
+    **Numerics:** without pivoting, stable when rows 1..N-1 are diagonally dominant (row 0
+    need not be: diag[0] may be zero). With pivoting, accurate for any nonsingular cyclic
+    matrix except, rarely, one whose T' is singular (`check=True` reports it). Gradients
+    w.r.t. all four inputs by implicit differentiation, vmap at any in_axes, as for
+    `solve_tridiagonal`.
 
     **Example:**
 
@@ -115,7 +127,8 @@ def solve_periodic_tridiagonal(
     x = tridiax.solve_periodic_tridiagonal(-0.25 * jnp.ones(n), jnp.ones(n), -0.25 * jnp.ones(n), jnp.ones(n))
     ```
     """
-    return solve(lower, diag, upper, rhs, axis=axis, periodic=True, check=check)
+    return solve(lower, diag, upper, rhs, axis=axis, periodic=True, pivoting=pivoting,
+                 check=check)
 
 
 def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None,
@@ -123,79 +136,65 @@ def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None
           check: bool = False) -> Array:
     """`solve_tridiagonal` (or, `periodic`, `solve_periodic_tridiagonal`) with a backend
     override and Pallas block sizes (see `_backend.py`); for tests and modules."""
-    operands, axis = prepare_operands((lower, diag, upper, rhs), _NAMES, axis)
-    _backend.check_backend(backend, operands[0].dtype)
+    values, signatures = read(_NAMES, (lower, diag, upper, rhs))
+    args = (signatures, axis, backend, periodic, block, pivoting, check, x64_enabled())
+    try:
+        call = _checked_call(*args)
+    except TypeError as err:  # an unhashable setting: check it uncached, for its message
+        if "unhashable" not in str(err):
+            raise
+        call = _checked_call.__wrapped__(*args)
+    out = _dispatch.run(_compute, call, *values)
+    if not check:
+        return out
+    x, count = out
+    return enforce(x, count, call.messages)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SolveCall:
+    """The static part of a checked call (hashable: the jit cache key)."""
+
+    plan: Plan
+    kind: str
+    backend: str | None
+    block: tuple[int, int] | None
+    check: bool
+    messages: BreakdownMessages | None
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_call(signatures, axis, backend, periodic, block, pivoting, check,
+                  x64) -> _SolveCall:
+    """Every check of a call that needs no data, once per signature and settings (and JAX's
+    64-bit mode, which `plan_of` reads)."""
+    p = plan_of(signatures, _NAMES, axis)
+    _backend.check_backend(backend, p.dtype)
     _backend.check_flags(pivoting=pivoting, check=check)
     if periodic:
-        check_periodic_size(operands, axis)
-        if pivoting:
-            raise ValueError(
-                "pivoting=True applies to non-periodic systems; the periodic solve is "
-                "Sherman-Morrison around an unpivoted elimination, safe for diagonally dominant "
-                "cyclic matrices. Use check=True to detect a breakdown.")
-    kind = "periodic" if periodic else "pivoted" if pivoting else "thomas"
-    x = tridiagonal_solve_p.bind(*operands, axis=axis, transposed=False, backend=backend,
-                                 kind=kind, block=_backend.check_block(block))
-    if check:
-        x = check_solution(x, *operands, axis=axis, periodic=periodic, pivoting=bool(pivoting))
-    return x
+        check_periodic_size(p.shape, p.axis)
+    kind = ("periodic_pivoted" if pivoting else "periodic") if periodic else (
+        "pivoted" if pivoting else "thomas")
+    messages = messages_for(p.shape, p.axis, p.dtype, pivoting=bool(pivoting),
+                            periodic=periodic) if check else None
+    return _SolveCall(p, kind, backend, _backend.check_block(block), bool(check), messages)
 
 
-def check_periodic_size(operands, axis: int) -> None:
-    n = np.broadcast_shapes(*(x.shape for x in operands))[axis]
+def _compute(call: _SolveCall, *values):
+    operands = conform(values, call.plan)
+    x = tridiagonal_solve_p.bind(*operands, axis=call.plan.axis, transposed=False,
+                                 backend=call.backend, kind=call.kind, block=call.block)
+    if not call.check:
+        return x
+    return x, count_failures(x, *operands, axis=call.plan.axis,
+                             periodic=call.kind.startswith("periodic"))
+
+
+def check_periodic_size(shape, axis: int) -> None:
+    n = shape[axis]
     if n < 3:
         raise ValueError(
             f"a periodic system needs N >= 3 rows along axis {axis}, got N = {n}: with N < 3 "
             "the corners lower[0] and upper[N-1] fall on the ordinary off-diagonals. Solve it "
             "as an ordinary tridiagonal system with those entries added in."
         )
-
-
-def prepare_operands(values: Sequence, names: Sequence[str], axis) -> tuple[list[Array], int]:
-    """Check dtypes, shapes and axis; return arrays of one dtype and one rank, and axis >= 0.
-
-    Raises TypeError or ValueError at trace time naming the offending argument and the shapes.
-    """
-    arrays = []
-    for name, value in zip(names, values, strict=True):
-        try:
-            arrays.append(jnp.asarray(value))
-        except TypeError as err:
-            raise TypeError(f"{name} must be an array, got {type(value).__name__}: {err}") from None
-    for name, x in zip(names, arrays, strict=True):
-        if not is_supported(x.dtype):
-            raise TypeError(
-                f"{name} has dtype {x.dtype}; tridiax works on floating-point or complex arrays "
-                f"(float16, bfloat16, float32, float64, complex64, complex128). Cast it first, "
-                f"e.g. {name}.astype(jnp.float32)."
-            )
-    shapes = {name: x.shape for name, x in zip(names, arrays, strict=True)}
-    try:
-        shape = np.broadcast_shapes(*shapes.values())
-    except ValueError:
-        described = ", ".join(f"{n}{s}" for n, s in shapes.items())
-        raise ValueError(
-            f"the shapes do not broadcast together: {described}. Every input must broadcast to "
-            "the shape of the solution under NumPy rules."
-        ) from None
-    ndim = len(shape)
-    if ndim == 0:
-        raise ValueError(
-            "all inputs are scalars (0-d); a tridiagonal system needs an axis to lie along."
-        )
-    if not isinstance(axis, int | np.integer) or isinstance(axis, bool):
-        raise TypeError(f"axis must be an int, got {type(axis).__name__}.")
-    if not -ndim <= axis < ndim:
-        raise ValueError(
-            f"axis={axis} is out of range for inputs broadcasting to shape {shape} "
-            f"(ndim {ndim}); use -{ndim} <= axis < {ndim}."
-        )
-    axis = int(axis) % ndim
-    if shape[axis] == 0:
-        raise ValueError(
-            f"axis {axis} has size 0 in the broadcast shape {shape}; a system or sequence "
-            "needs at least one row."
-        )
-    dtype = jnp.result_type(*arrays)
-    arrays = [x.astype(dtype).reshape((1,) * (ndim - x.ndim) + x.shape) for x in arrays]
-    return arrays, axis

@@ -10,10 +10,10 @@ transposed matrix, sub[i] = u[i-1], sup[i] = l[i+1]):
   y[i] = b[i] - l[i]*y[i-1], then x[i] = m[i]*y[i] - c'[i]*x[i+1]. Transposed, the same
   sweep reads c'[i-1] and l[i+1], since A^T = V^T D L^T.
 - "periodic": operands (lower, diag, upper, rhs) with lower[0] = A[0, N-1] and upper[N-1] =
-  A[N-1, 0]; Sherman-Morrison with gamma = -d[0]: the tridiagonal part T' (d'[0] = 2 d[0],
-  d'[N-1] = d[N-1] + alpha*beta/d[0]) is eliminated for y and for z = T'^{-1}(gamma, 0, ...,
-  0, beta) in the same sweep, then x = y - (y[0] + kappa*y[N-1])/(1 + z[0] + kappa*z[N-1]) z
-  with kappa = -alpha/d[0].
+  A[N-1, 0]; Sherman-Morrison with the split gamma of `_periodic.split`: the tridiagonal part
+  T' (d'[0] = d[0] - gamma, d'[N-1] = d[N-1] - alpha*beta/gamma) is eliminated for y and for
+  z = T'^{-1}(gamma, 0, ..., 0, beta) in the same sweep, then
+  x = y - (y[0] + kappa*y[N-1])/(1 + z[0] + kappa*z[N-1]) z with kappa = alpha/gamma.
 - "pivoted": operands (lower, diag, upper, rhs); Gaussian elimination with partial pivoting
   (row interchanges, as LAPACK's gtsv, one fill-in diagonal): U's rows are stored as 1/pivot,
   U1, U2 and y, then x[i] = (y[i] - U1[i] x[i+1] - U2[i] x[i+2]) / pivot[i].
@@ -31,6 +31,7 @@ from jax import lax
 
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
+from .._periodic import split
 from ._pallas_tiles import TileRows, launch
 from ._xla_thomas import pivot_step
 
@@ -95,12 +96,13 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         z_ref = extra[1]
         lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
         alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-    r0 = 1 / (2 * d_first if periodic else d_first)
+        gamma = split(d_first, alpha, sup(0))
+    r0 = 1 / (d_first - gamma if periodic else d_first)
     carry = (full(sup(0) * r0), full(load(b_ref, 0) * r0))
     store(c_ref, 0, carry[0])
     store(y_ref, 0, carry[1])
     if periodic:
-        carry += (full(jnp.asarray(-0.5, rows.dtype)),)
+        carry += (full(gamma * r0),)
         store(z_ref, 0, carry[2])
 
     def eliminate(i, carry):
@@ -125,12 +127,12 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
     # Periodic: rows 1..N-2 as usual, row N-1 with d'[N-1] and u[N-1] = beta.
     carry = lax.fori_loop(1, n - 1, eliminate, carry)
     a = sub(n - 1)
-    r = 1 / (load(d_ref, n - 1) + alpha * beta / d_first - a * carry[0])
+    r = 1 / (load(d_ref, n - 1) - alpha * beta / gamma - a * carry[0])
     y_last = (load(b_ref, n - 1) - a * carry[1]) * r
     z_last = (beta - a * carry[2]) * r
     back_substitute(c_ref, y_ref, y_last, y_ref)
     back_substitute(c_ref, z_ref, z_last, z_ref)
-    kappa = -alpha / d_first
+    kappa = alpha / gamma
     f = (load(y_ref, 0) + kappa * y_last) / (1 + load(z_ref, 0) + kappa * z_last)
 
     def combine(i, _):

@@ -18,6 +18,7 @@ from jax import Array, lax
 
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
+from .._periodic import split
 
 
 def _row(x: Array, i, axis: int, dtype) -> Array:
@@ -69,14 +70,15 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
         return lax.fori_loop(0, n - 1, back, ybuf).astype(out_dtype)
 
     periodic = kind == "periodic"
-    d_first = d0 = row(d, 0)
+    d0 = row(d, 0)
     if periodic:
-        # Sherman-Morrison, as cpu_kernels.cc: gamma = -d[0], corners alpha = A[0, N-1],
-        # beta = A[N-1, 0]; z' = T'^{-1}(gamma, 0, ..., 0, beta) rides along the same sweep.
+        # Sherman-Morrison (`_periodic.py`), corners alpha = A[0, N-1], beta = A[N-1, 0]:
+        # z' = T'^{-1}(gamma, 0, ..., 0, beta) rides along the same sweep.
         lo0, upn = row(l, 0), row(u, n - 1)
         alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-        corr = alpha * beta / d0
-        d0 = 2 * d0
+        gamma = split(d0, alpha, sup(0))
+        corr = -alpha * beta / gamma
+        d0 = d0 - gamma
     r0 = 1 / d0
     cbuf = put(zeros, jnp.broadcast_to(sup(0) * r0, row_shape), 0)
     ybuf = put(zeros, jnp.broadcast_to(row(b, 0) * r0, row_shape), 0)
@@ -84,7 +86,7 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
         return ybuf.astype(out_dtype)
     bufs = (cbuf, ybuf)
     if periodic:
-        bufs += (put(zeros, jnp.broadcast_to(jnp.asarray(-0.5, cdt), row_shape), 0),)
+        bufs += (put(zeros, jnp.broadcast_to(gamma * r0, row_shape), 0),)
 
     # Forward elimination. The previous row is read back from the buffers rather than carried:
     # XLA then fuses each row's arithmetic into its in-place update (measured ~15% faster).
@@ -112,7 +114,7 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     if not periodic:
         return vecs[0].astype(out_dtype)
     y, z = vecs
-    kappa = jnp.expand_dims(-alpha / d_first, axis)
+    kappa = jnp.expand_dims(alpha / gamma, axis)
     y0, yl = lax.slice_in_dim(y, 0, 1, axis=axis), lax.slice_in_dim(y, n - 1, n, axis=axis)
     z0, zl = lax.slice_in_dim(z, 0, 1, axis=axis), lax.slice_in_dim(z, n - 1, n, axis=axis)
     f = (y0 + kappa * yl) / (1 + z0 + kappa * zl)

@@ -58,6 +58,18 @@ T Magnitude(T x) { return std::abs(x); }
 template <typename R>
 R Magnitude(std::complex<R> x) { return std::abs(x.real()) + std::abs(x.imag()); }
 
+// The Sherman-Morrison split of a periodic system (tridiax/_periodic.py, `split`): gamma =
+// -sign(d0) * max(|d0|, |alpha|, |u0|) from row 0 of A, sign(0) = 1, so that row 0 of T' is
+// diagonally dominant and |alpha*beta/gamma| <= |beta|.
+template <typename T>
+T Split(T d0, T alpha, T u0) {
+  using R = decltype(std::abs(d0));
+  const R size = std::max({std::abs(d0), std::abs(alpha), std::abs(u0)});
+  const R magnitude = std::abs(d0);
+  const T direction = magnitude > R(0) ? d0 / magnitude : T(1);
+  return -direction * size;
+}
+
 template <typename T>
 class Solver {
  public:
@@ -317,26 +329,27 @@ class Solver {
     }
   }
 
-  // Periodic, by Sherman-Morrison: A = T' + u v^T with gamma = -d[0], T' the tridiagonal part
-  // with d'[0] = d[0] - gamma and d'[N-1] = d[N-1] - alpha*beta/gamma, u = (gamma, 0, ..., 0,
-  // beta), v = (1, 0, ..., 0, alpha/gamma). One forward sweep eliminates T' for y' and for
+  // Periodic, by Sherman-Morrison (tridiax/_periodic.py): A = T' + u v^T, T' the tridiagonal
+  // part with d'[0] = d[0] - gamma and d'[N-1] = d[N-1] - alpha*beta/gamma, u = (gamma, 0, ...,
+  // 0, beta), v = (1, 0, ..., 0, alpha/gamma), gamma = Split(...) so that T' is never worse than
+  // A (no breakdown on a zero d[0]). One forward sweep eliminates T' for y' and for
   // z' = T'^{-1}u together (u is zero between its ends, so z' reads nothing from memory), one
   // backward sweep substitutes both, and x = y - (v.y)/(1 + v.z) z is formed in cache.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void Periodic(Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha, const T* beta, T* kappa,
                 T* c, T* y, T* z, int64_t W, int64_t w) const {
     const int64_t N = N_;
-    T* corr = z + (N - 1) * W;  // alpha*beta/d[0] until row N-1 is eliminated
+    T* corr = z + (N - 1) * W;  // -alpha*beta/gamma until row N-1 is eliminated
     {
       const T *__restrict__ d0 = dia(0), *__restrict__ u0 = sup(0), *__restrict__ b0 = rhs(0);
-#pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) {
-        const T r = T(1) / (T(2) * d0[s]);
+        const T gamma = Split(d0[s], alpha[s], u0[s]);
+        const T r = T(1) / (d0[s] - gamma);
         c[s] = u0[s] * r;
         y[s] = b0[s] * r;
-        z[s] = -d0[s] * r;
-        kappa[s] = -alpha[s] / d0[s];
-        corr[s] = alpha[s] * beta[s] / d0[s];
+        z[s] = gamma * r;
+        kappa[s] = alpha[s] / gamma;
+        corr[s] = -alpha[s] * beta[s] / gamma;
       }
     }
     for (int64_t i = 1; i < N; ++i) {
@@ -417,10 +430,20 @@ class Solver {
 template <typename T, typename Kernel>
 void RunTiles(const Kernel& kernel, int64_t work) {
   const int64_t tiles = kernel.tiles();
-  int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  static const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  int64_t threads = cores;
   threads = std::min<int64_t>({threads, tiles, std::max<int64_t>(1, work / (1 << 16))});
   auto run = [&](int64_t id) {
-    std::vector<T> scratch(kernel.scratch_size());
+    // A small scratch is kept by the thread across calls, so a small solve in a time loop
+    // pays no allocation (every kernel writes its scratch before reading it); a large one
+    // is freed after the call.
+    constexpr int64_t kKept = int64_t{1} << 16;
+    thread_local std::vector<T> kept;
+    std::vector<T> local;
+    std::vector<T>& scratch = kernel.scratch_size() <= kKept ? kept : local;
+    if (static_cast<int64_t>(scratch.size()) < kernel.scratch_size()) {
+      scratch.resize(kernel.scratch_size());
+    }
     const int64_t begin = tiles * id / threads, end = tiles * (id + 1) / threads;
     kernel.Run(begin, end, scratch.data());
   };

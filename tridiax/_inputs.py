@@ -1,0 +1,288 @@
+"""What the arguments of every tridiax call mean: dtypes, shapes and `axis`, checked in one place.
+
+The rules (README, "Shapes and `axis`"), the same for every entry point (`solve_tridiagonal`,
+`solve_periodic_tridiagonal`, `linear_recurrence`, `indrnn`, `LinearRecurrence`, `IndRNN`,
+`Tridiagonal`, `TDMA`, `TridiagonalFactorization`):
+
+1. The arrays of a call broadcast together under NumPy's rules: an array with fewer
+   dimensions is aligned with the others at the right, and a dimension of size 1 is repeated
+   (never copied). `axis` is a dimension of that broadcast shape (negative: from the end); the
+   systems (or sequences) lie along it, every other dimension is a batch dimension.
+2. An array whose NumPy alignment leaves it without the axis (e.g. decays of shape (F,) against
+   inputs (T, F) with time along axis 0) is constant along the axis. When one of its
+   dimensions has the axis's length N > 1 and would fit lying along the axis (bands (N,)
+   against a right-hand side (N, B) with axis=0: the habit of jax.lax.linalg and scipy, where
+   1-D bands lie along the system), the call is refused, with the shape to pass: if NumPy's
+   alignment does not fit at all (B != N), the shape that lies along the axis; if it does
+   (B == N), both readings, since tridiax never guesses which one was meant.
+3. An operator (`Tridiagonal`, a factorization) counts `axis` in its bands' broadcast shape. A
+   right-hand side with more dimensions than the bands had when the operator was built is
+   aligned with them at the right (NumPy), so a negative `axis` means the same dimension in
+   both. A non-negative one could also be read as counting in the right-hand side; the call
+   is refused when that reading fits too (axis `axis` of the right-hand side has the
+   operator's N rows, or any number of rows for bands constant along the axis), with both
+   readings and the fix for each.
+
+Only shapes and dtypes are read here (no device work): `plan` checks a call and returns what
+the computation needs, `conform` casts and reshapes inside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._dtypes import is_supported
+
+_README = "See 'Shapes and axis' in tridiax's README."
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A checked call: the number of dimensions, the axis (>= 0) and the common dtype."""
+
+    ndim: int
+    axis: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+def as_input(name: str, value):
+    """`value` as something with a shape and dtype (JAX or NumPy array, NumPy or Python
+    scalar): a list or tuple becomes a NumPy array; anything else is a TypeError naming the
+    argument. Dtypes are checked by `plan`, on the dtype as given: an int64 array is reported
+    as int64 even where JAX's 32-bit mode would make it int32."""
+    if isinstance(value, list | tuple):
+        try:
+            return np.asarray(value)
+        except (TypeError, ValueError) as err:
+            try:  # a list of tracers (a list argument under jit) stacks in jnp
+                return jnp.asarray(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"{name} must be an array, got a {type(value).__name__} that "
+                                f"NumPy cannot read as one: {err}") from None
+    if isinstance(value, bool | int | float | complex) or (
+            hasattr(value, "dtype") and hasattr(value, "shape")):
+        return value
+    raise TypeError(f"{name} must be an array, got {type(value).__name__}.")
+
+
+def read(names: Sequence[str], values: Sequence) -> tuple[list, tuple]:
+    """`as_input` of each value, and their signatures (what `plan` reads)."""
+    out, signatures = [], []
+    for name, value in zip(names, values, strict=True):
+        if isinstance(value, jax.Array):  # the common case, tracers included: no conversion
+            signatures.append((value.shape, value.dtype, value.weak_type))
+        else:
+            value = as_input(name, value)
+            signatures.append(signature(value))
+        out.append(value)
+    return out, tuple(signatures)
+
+
+def signature(value) -> tuple:
+    """What `plan` reads of an input: (shape, dtype, weakly typed)."""
+    if isinstance(value, bool | int | float | complex):  # Python scalars are weakly typed
+        return (), np.dtype(type(value)), not isinstance(value, bool)
+    return tuple(value.shape), np.dtype(value.dtype), bool(getattr(value, "weak_type", False))
+
+
+def plan(values: Sequence, names: Sequence[str], axis, *, along: str = "systems") -> Plan:
+    """Check the arrays of one call (dtypes, axis, alignment, broadcasting) without touching
+    their data; `along` names what lies along the axis in messages ("systems", "time steps").
+    Raises TypeError or ValueError naming the argument, the shapes and the fix. Cached by
+    shapes and dtypes, so a repeated call costs a dictionary lookup."""
+    return plan_of(tuple(signature(v) for v in values), names, axis, along=along)
+
+
+def plan_of(signatures: tuple, names: Sequence[str], axis, *, along: str = "systems") -> Plan:
+    """`plan` from the signatures of the values (`read`)."""
+    if not isinstance(axis, int | np.integer) or isinstance(axis, bool | np.bool_):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}.")
+    return _plan(signatures, tuple(names), int(axis), along, x64_enabled())
+
+
+def x64_enabled() -> bool:
+    """JAX's 64-bit mode, which decides the dtype float64 inputs compute in: part of every
+    cache key that holds a dtype."""
+    return bool(jax.config.jax_enable_x64)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(signature, names, axis: int, along: str, x64: bool) -> Plan:
+    for name, (_, dtype, _) in zip(names, signature, strict=True):
+        check_dtype(name, dtype)
+    shapes = [shape for shape, _, _ in signature]
+    ndim = max(len(s) for s in shapes)
+    if ndim == 0:
+        raise ValueError(
+            "all inputs are scalars (0-d); a tridiagonal system needs an axis to lie along."
+        )
+    axis = check_axis(axis, ndim, shapes, names)
+    _check_alignment(shapes, names, axis, ndim, along)
+    try:
+        shape = tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        described = ", ".join(f"{n}{s}" for n, s in zip(names, shapes, strict=True))
+        raise ValueError(
+            f"the shapes do not broadcast together: {described}. Every input must broadcast to "
+            f"the shape of the solution under NumPy rules. {_README}"
+        ) from None
+    if shape[axis] == 0:
+        raise ValueError(
+            f"axis {axis} has size 0 in the broadcast shape {shape}; a system or sequence "
+            "needs at least one row."
+        )
+    # A weakly typed input (a Python scalar) takes the others' precision, as in JAX.
+    kinds = {"f": float, "c": complex}
+    dtype = jnp.result_type(*(kinds.get(d.kind, d) if weak else d for _, d, weak in signature))
+    return Plan(ndim=ndim, axis=axis, dtype=np.dtype(dtype), shape=shape)
+
+
+def check_dtype(name: str, dtype) -> None:
+    """A TypeError naming the argument unless `dtype` is floating-point or complex."""
+    if not is_supported(dtype):
+        raise TypeError(
+            f"{name} has dtype {np.dtype(dtype)}; tridiax works on floating-point or complex "
+            f"arrays (float16, bfloat16, float32, float64, complex64, complex128). Cast it first, "
+            f"e.g. {name}.astype(jnp.float32)."
+        )
+
+
+def check_axis(axis, ndim: int, shapes, names) -> int:
+    """`axis` as an int in [0, ndim), or a TypeError/ValueError that shows the shapes."""
+    if not isinstance(axis, int | np.integer) or isinstance(axis, bool | np.bool_):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}.")
+    if not -ndim <= axis < ndim:
+        described = ", ".join(f"{n}{s}" for n, s in zip(names, shapes, strict=True))
+        try:
+            shape = tuple(np.broadcast_shapes(*shapes))
+        except ValueError:
+            shape = max(shapes, key=len)
+        raise ValueError(
+            f"axis={axis} is out of range for inputs broadcasting to shape {shape} "
+            f"(ndim {ndim}: {described}); use -{ndim} <= axis < {ndim}."
+        )
+    return int(axis) % ndim
+
+
+def conform(values, p: Plan) -> list:
+    """The arrays cast to the common dtype, with leading size-1 dimensions up to `p.ndim`
+    (run inside the computation: under jit these are free)."""
+    arrays = [jnp.asarray(v) for v in values]
+    return [x.astype(p.dtype).reshape((1,) * (p.ndim - x.ndim) + x.shape) for x in arrays]
+
+
+def prepare_operands(values: Sequence, names: Sequence[str], axis, *,
+                     along: str = "systems") -> tuple[list, int]:
+    """`plan` then `conform`: arrays of one dtype and one rank, and the axis >= 0."""
+    values = [as_input(n, v) for n, v in zip(names, values, strict=True)]
+    p = plan(values, names, axis, along=along)
+    return conform(values, p), p.axis
+
+
+def _broadcasts(*shapes) -> tuple[int, ...] | None:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def _check_alignment(shapes, names, axis: int, ndim: int, along: str) -> None:
+    """Rule 2 of the module docstring: refuse an array that NumPy's alignment keeps off the
+    axis when it would also fit along it (ambiguous), or fits only along it (a misaligned
+    band, whose fix we can show). Checked against the arrays that have every dimension."""
+    reference = _broadcasts(*(s for s in shapes if len(s) == ndim))
+    if reference is None:
+        return  # the full-rank arrays disagree among themselves: the broadcast error says so
+    problems = {}  # shape -> (names, suggested shape, fits NumPy's reading too)
+    for name, shape in zip(names, shapes, strict=True):
+        rank = len(shape)
+        if rank == 0 or rank == ndim or axis >= ndim - rank:
+            continue  # a scalar, a full-rank array, or NumPy's alignment reaches the axis
+        # Windows of `rank` consecutive dimensions that contain the axis, nearest the right first.
+        starts = range(min(axis, ndim - rank), max(0, axis - rank + 1) - 1, -1)
+        n = reference[axis]  # the axis's length among the arrays that have every dimension
+        fits = [s for s in starts if n > 1 and shape[axis - s] == n
+                and _broadcasts(reference, shape + (1,) * (ndim - s - rank)) is not None]
+        if fits:
+            numpy_fit = _broadcasts(reference, shape) is not None
+            problems.setdefault(shape, ([], fits[0], numpy_fit))[0].append(name)
+    if not problems:
+        return
+    shape, (which, start, numpy_fit) = next(iter(problems.items()))
+    rank = len(shape)
+    trailing = ndim - start - rank  # size-1 dimensions to add after the array's own
+    suggested = shape + (1,) * trailing
+    subject = (f"{_join(which)} {'have' if len(which) > 1 else 'has'} shape {shape}; the "
+               f"{along} lie along axis {axis} of {ndim}-d inputs ("
+               + ", ".join(f"{n} {s}" for n, s in zip(names, shapes, strict=True)
+                           if n not in which) + ")")
+    numpy_axes = _axes(ndim - rank, ndim)
+    example = which[0]
+    expand = tuple(range(-trailing, 0))
+    along_fix = (f"shape {suggested} (jnp.expand_dims({example}, "
+                 f"{expand[0] if len(expand) == 1 else expand}))")
+    if not numpy_fit:
+        raise ValueError(
+            f"{subject}. Aligned at the right (NumPy's rule), a {shape} array lies along "
+            f"{numpy_axes}, where it does not fit. To lie along axis {axis}, pass {along_fix}. "
+            f"{_README}")
+    constant = (1,) * (ndim - rank) + shape
+    raise ValueError(
+        f"{subject}. Aligned at the right (NumPy's rule), a {shape} array lies along "
+        f"{numpy_axes} and is constant along the {along}; but its size {shape[axis - start]} "
+        f"also matches axis {axis}, and tridiax does not guess which was meant. Constant along "
+        f"the {along}: pass shape {constant} (jnp.reshape({example}, {constant})). Along axis "
+        f"{axis}: pass {along_fix}. {_README}")
+
+
+def _axes(start: int, stop: int) -> str:
+    return f"axis {start}" if stop - start == 1 else f"axes {start}..{stop - 1}"
+
+
+def _join(names) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def check_operator_rank(owner: str, axis: int, band_ndim: int, band_shape, rhs_name: str,
+                        rhs_shape) -> None:
+    """Rule 3 of the module docstring: `owner` was built with `axis` on bands of `band_ndim`
+    dimensions (their shape now: `band_shape`) and is applied to an array of `rhs_shape`."""
+    rhs_ndim = len(rhs_shape)
+    if axis < 0 or rhs_ndim <= band_ndim:
+        return
+    band_shape = tuple(band_shape)
+    # The operator's N (1 when its bands are constant along the axis), and whether axis
+    # `axis` of the right-hand side could hold its systems too.
+    n = band_shape[axis - band_ndim] if len(band_shape) >= band_ndim - axis else 1
+    if not (rhs_shape[axis] == n if n > 1 else rhs_shape[axis] > 1):
+        return
+    numpy_axis = rhs_ndim + axis - band_ndim
+    options = [f"axis={axis - band_ndim} to solve along axis {numpy_axis} of {rhs_name} (size "
+               f"{rhs_shape[numpy_axis]}), where NumPy's alignment at the right puts the bands' "
+               f"axis {axis}"]
+    wanted = axis - rhs_ndim  # axis `axis` of the right-hand side, counted from its end
+    if len(band_shape) >= -wanted:
+        options.append(f"axis={wanted} to solve along axis {axis} of {rhs_name} (size "
+                       f"{rhs_shape[axis]})")
+    else:
+        suggested = band_shape + (1,) * (rhs_ndim - len(band_shape))
+        if _broadcasts(suggested, tuple(rhs_shape)) is not None:
+            expand = tuple(range(len(band_shape) - rhs_ndim, 0))
+            options.append(f"bands of shape {suggested} (jnp.expand_dims(band, "
+                           f"{expand[0] if len(expand) == 1 else expand})) and axis={axis} to "
+                           f"solve along axis {axis} of {rhs_name} (size {rhs_shape[axis]})")
+    raise ValueError(
+        f"{owner} was built with axis={axis} on bands of {band_ndim} dimension"
+        f"{'s' if band_ndim > 1 else ''} and is applied "
+        f"to {rhs_name} of shape {tuple(rhs_shape)}, which has {rhs_ndim}: a non-negative axis "
+        f"could then count in either (axis {axis} of {rhs_name} fits the operator too), and "
+        f"tridiax does not guess. Build the operator with "
+        + "; or with ".join(options) + ". A negative axis counts from the end, the same "
+        f"dimension of the bands and of any right-hand side. {_README}")
