@@ -190,9 +190,10 @@ def test_one_dimensional_bands_along_axis_0_show_the_shape_to_use():
                                                          np.ones((n, 3)), axis=0), rtol=1e-13)
 
 
-@pytest.mark.parametrize("entry", ["solve", "periodic", "operator", "recurrence", "indrnn"])
+@pytest.mark.parametrize("entry", ["solve", "periodic", "operator", "factorization", "TDMA"])
 def test_square_shapes_with_two_readings_are_refused(entry):
-    # (n,) against (n, n) along axis 0: constant along the axis (NumPy) or lying along it?
+    # (n,) bands against (n, n) along axis 0: constant along the axis (NumPy) or lying along
+    # it (scipy's and lax's habit)?
     n = 5
     band, full = np.full(n, 0.5), np.ones((n, n))
     calls = {
@@ -200,11 +201,28 @@ def test_square_shapes_with_two_readings_are_refused(entry):
         "periodic": lambda: tridiax.solve_periodic_tridiagonal(band, 3 + band, band, full,
                                                                axis=0),
         "operator": lambda: tridiax.Tridiagonal(band, 3 + band, band, axis=0).solve(full),
-        "recurrence": lambda: tridiax.linear_recurrence(band, full, axis=0),
-        "indrnn": lambda: tridiax.indrnn(band, full, axis=0),
+        "factorization": lambda: tridiax.Tridiagonal(band, 3 + band, band, axis=0).factor()
+        .solve(full),
+        "TDMA": lambda: tridiax.TDMA(pivoting=True)(tridiax.Tridiagonal(band, 3 + band, band,
+                                                                        axis=0), full),
     }
     with pytest.raises(ValueError, match=r"tridiax does not guess"):
         calls[entry]()
+
+
+@pytest.mark.parametrize("entry", ["linear_recurrence", "indrnn", "LinearRecurrence"])
+def test_recurrence_coefficients_of_one_dimension_are_per_feature_even_when_square(entry):
+    # The benchmark shape of IndRNN, T = F: weights (F,) are per feature (NumPy's reading).
+    a, x = np.linspace(0.1, 0.9, 6), np.cos(np.arange(36.0)).reshape(6, 6)
+    relu = (lambda v: np.maximum(v, 0)) if entry == "indrnn" else (lambda v: v)
+    calls = {"linear_recurrence": lambda: tridiax.linear_recurrence(a, x),
+             "indrnn": lambda: tridiax.indrnn(a, x),
+             "LinearRecurrence": lambda: tridiax.LinearRecurrence()(a, x)}
+    np.testing.assert_allclose(calls[entry](), numpy_loop(a[None], x, activation=relu),
+                               rtol=1e-13)
+    with pytest.raises(ValueError, match=r"\(7,\) array lies along axis 1, where it does not "
+                                         r"fit.*pass shape \(7, 1\)"):
+        tridiax.linear_recurrence(np.full(7, 0.5), np.ones((7, 6)))  # per step: (T, 1)
 
 
 def test_unambiguous_lower_rank_arrays_keep_numpy_rules():

@@ -30,7 +30,7 @@ from jax.interpreters import batching
 from jax.typing import ArrayLike
 
 from . import _backend, _bands, _dispatch, _layout, _periodic, _sharding
-from ._inputs import as_input, check_operator_rank, conform, plan
+from ._inputs import axis_from_end, check_operator_rank, conform, plan_of, read
 from ._kernels import _xla_thomas
 from ._primitive import ShapedArray, def_jit_impl, tridiagonal_solve_p
 from ._solve import check_periodic_size
@@ -77,22 +77,20 @@ class TridiagonalFactorization(eqx.Module):
 
     @property
     def axis_from_end(self) -> int:
-        return self.axis - self.band_ndim if self.axis >= 0 else self.axis
+        return axis_from_end(self.axis, self.band_ndim)
 
     def solve(self, rhs: ArrayLike) -> Array:
         """x with A x = rhs, `rhs` broadcasting against the bands (more leading batch
         dimensions allowed); returns the broadcast shape."""
-        band_shape = np.broadcast_shapes(*(np.shape(b) for b in (self.lower, self.diag, self.upper)))
-        check_operator_rank(type(self).__name__, self.axis, self.band_ndim, band_shape, "rhs",
-                            np.shape(rhs))
+        check_operator_rank(self, "rhs", rhs)
         arrays = [self.lower, self.diag, self.upper, self.lower_factor, self.inverse_pivots,
                   self.upper_factor]
         names = list(_BAND_NAMES) + ["lower_factor", "inverse_pivots", "upper_factor"]
         if self.periodic:
             arrays += [self.periodic_correction, self.periodic_weight]
             names += ["periodic_correction", "periodic_weight"]
-        values = arrays + [as_input("rhs", rhs)]
-        p = plan(values, names + ["rhs"], self.axis_from_end)
+        values, signatures = read(names + ["rhs"], arrays + [rhs])
+        p = plan_of(signatures, names + ["rhs"], self.axis_from_end)
         rhs_shape = (1,) * (p.ndim - np.ndim(rhs)) + np.shape(rhs)
         n, n_rhs = np.shape(self.inverse_pivots)[self.axis_from_end], rhs_shape[p.axis]
         if n != n_rhs and n_rhs != 1:
@@ -153,9 +151,9 @@ def factor(lower, diag, upper, *, axis: int, band_ndim: int, periodic: bool = Fa
            backend=None, block=None) -> TridiagonalFactorization:
     """Eliminate the bands once (see `TridiagonalFactorization`); `axis` and `band_ndim` as
     the operator's."""
-    bands = [as_input(n, b) for n, b in zip(_BAND_NAMES, (lower, diag, upper), strict=True)]
-    from_end = axis - band_ndim if axis >= 0 else axis
-    p = plan(bands, _BAND_NAMES, from_end)
+    bands, signatures = read(_BAND_NAMES, (lower, diag, upper))
+    from_end = axis_from_end(axis, band_ndim)
+    p = plan_of(signatures, _BAND_NAMES, from_end)
     _backend.check_backend(backend, p.dtype)
     block = _backend.check_block(block)
     if periodic:

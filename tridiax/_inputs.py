@@ -1,6 +1,6 @@
 """What the arguments of every tridiax call mean: dtypes, shapes and `axis`, checked in one place.
 
-The rules (README, "Shapes and `axis`"), the same for every entry point (`solve_tridiagonal`,
+The rules (README, "Shapes and axis"), the same for every entry point (`solve_tridiagonal`,
 `solve_periodic_tridiagonal`, `linear_recurrence`, `indrnn`, `LinearRecurrence`, `IndRNN`,
 `Tridiagonal`, `TDMA`, `TridiagonalFactorization`):
 
@@ -10,11 +10,13 @@ The rules (README, "Shapes and `axis`"), the same for every entry point (`solve_
    systems (or sequences) lie along it, every other dimension is a batch dimension.
 2. An array whose NumPy alignment leaves it without the axis (e.g. decays of shape (F,) against
    inputs (T, F) with time along axis 0) is constant along the axis. When one of its
-   dimensions has the axis's length N > 1 and would fit lying along the axis (bands (N,)
-   against a right-hand side (N, B) with axis=0: the habit of jax.lax.linalg and scipy, where
-   1-D bands lie along the system), the call is refused, with the shape to pass: if NumPy's
-   alignment does not fit at all (B != N), the shape that lies along the axis; if it does
-   (B == N), both readings, since tridiax never guesses which one was meant.
+   dimensions has the axis's length N > 1 and would fit lying along the axis, and NumPy's
+   alignment does not fit at all (bands (N,) against a right-hand side (N, B), B != N, with
+   axis=0: the habit of jax.lax.linalg and scipy, where 1-D bands lie along the system), the
+   error shows the shape that lies along the axis. When both fit (B == N), a tridiagonal
+   solve refuses the call and names both readings: with that habit around, tridiax does not
+   guess. A recurrence's coefficients follow NumPy there (a 1-D `a` of F values is per
+   feature, as in every sequence library), so (F,) decays with (T, F) inputs work for T == F.
 3. An operator (`Tridiagonal`, a factorization) counts `axis` in its bands' broadcast shape. A
    right-hand side with more dimensions than the bands had when the operator was built is
    aligned with them at the right (NumPy), so a negative `axis` means the same dimension in
@@ -94,9 +96,10 @@ def signature(value) -> tuple:
 
 def plan(values: Sequence, names: Sequence[str], axis, *, along: str = "systems") -> Plan:
     """Check the arrays of one call (dtypes, axis, alignment, broadcasting) without touching
-    their data; `along` names what lies along the axis in messages ("systems", "time steps").
-    Raises TypeError or ValueError naming the argument, the shapes and the fix. Cached by
-    shapes and dtypes, so a repeated call costs a dictionary lookup."""
+    their data; `along` names what lies along the axis in messages: "systems" (tridiagonal
+    solves, which refuse both readings of rule 2) or "time steps" (recurrences, which take
+    NumPy's). Raises TypeError or ValueError naming the argument, the shapes and the fix.
+    Cached by shapes and dtypes, so a repeated call costs a dictionary lookup."""
     return plan_of(tuple(signature(v) for v in values), names, axis, along=along)
 
 
@@ -104,7 +107,12 @@ def plan_of(signatures: tuple, names: Sequence[str], axis, *, along: str = "syst
     """`plan` from the signatures of the values (`read`)."""
     if not isinstance(axis, int | np.integer) or isinstance(axis, bool | np.bool_):
         raise TypeError(f"axis must be an int, got {type(axis).__name__}.")
+    if along not in _ALONG:
+        raise ValueError(f"along must be one of {_ALONG}")
     return _plan(signatures, tuple(names), int(axis), along, x64_enabled())
+
+
+_ALONG = ("systems", "time steps")
 
 
 def x64_enabled() -> bool:
@@ -123,7 +131,7 @@ def _plan(signature, names, axis: int, along: str, x64: bool) -> Plan:
         raise ValueError(
             "all inputs are scalars (0-d); a tridiagonal system needs an axis to lie along."
         )
-    axis = check_axis(axis, ndim, shapes, names)
+    axis = _check_axis(axis, ndim, shapes, names)
     _check_alignment(shapes, names, axis, ndim, along)
     try:
         shape = tuple(np.broadcast_shapes(*shapes))
@@ -154,10 +162,8 @@ def check_dtype(name: str, dtype) -> None:
         )
 
 
-def check_axis(axis, ndim: int, shapes, names) -> int:
-    """`axis` as an int in [0, ndim), or a TypeError/ValueError that shows the shapes."""
-    if not isinstance(axis, int | np.integer) or isinstance(axis, bool | np.bool_):
-        raise TypeError(f"axis must be an int, got {type(axis).__name__}.")
+def _check_axis(axis, ndim: int, shapes, names) -> int:
+    """`axis` (an int) in [0, ndim), or a ValueError that shows the shapes."""
     if not -ndim <= axis < ndim:
         described = ", ".join(f"{n}{s}" for n, s in zip(names, shapes, strict=True))
         try:
@@ -178,14 +184,6 @@ def conform(values, p: Plan) -> list:
     return [x.astype(p.dtype).reshape((1,) * (p.ndim - x.ndim) + x.shape) for x in arrays]
 
 
-def prepare_operands(values: Sequence, names: Sequence[str], axis, *,
-                     along: str = "systems") -> tuple[list, int]:
-    """`plan` then `conform`: arrays of one dtype and one rank, and the axis >= 0."""
-    values = [as_input(n, v) for n, v in zip(names, values, strict=True)]
-    p = plan(values, names, axis, along=along)
-    return conform(values, p), p.axis
-
-
 def _broadcasts(*shapes) -> tuple[int, ...] | None:
     try:
         return tuple(np.broadcast_shapes(*shapes))
@@ -200,7 +198,7 @@ def _check_alignment(shapes, names, axis: int, ndim: int, along: str) -> None:
     reference = _broadcasts(*(s for s in shapes if len(s) == ndim))
     if reference is None:
         return  # the full-rank arrays disagree among themselves: the broadcast error says so
-    problems = {}  # shape -> (names, suggested shape, fits NumPy's reading too)
+    problems = {}  # shape -> (names, where it would start lying along the axis, NumPy fits)
     for name, shape in zip(names, shapes, strict=True):
         rank = len(shape)
         if rank == 0 or rank == ndim or axis >= ndim - rank:
@@ -210,8 +208,8 @@ def _check_alignment(shapes, names, axis: int, ndim: int, along: str) -> None:
         n = reference[axis]  # the axis's length among the arrays that have every dimension
         fits = [s for s in starts if n > 1 and shape[axis - s] == n
                 and _broadcasts(reference, shape + (1,) * (ndim - s - rank)) is not None]
-        if fits:
-            numpy_fit = _broadcasts(reference, shape) is not None
+        numpy_fit = _broadcasts(reference, shape) is not None
+        if fits and not (numpy_fit and along == "time steps"):  # recurrences: NumPy's reading
             problems.setdefault(shape, ([], fits[0], numpy_fit))[0].append(name)
     if not problems:
         return
@@ -250,14 +248,22 @@ def _join(names) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def check_operator_rank(owner: str, axis: int, band_ndim: int, band_shape, rhs_name: str,
-                        rhs_shape) -> None:
-    """Rule 3 of the module docstring: `owner` was built with `axis` on bands of `band_ndim`
-    dimensions (their shape now: `band_shape`) and is applied to an array of `rhs_shape`."""
+def axis_from_end(axis: int, band_ndim: int) -> int:
+    """An operator's `axis` (counted in bands of `band_ndim` dimensions) as a negative axis:
+    the same dimension of the bands and of a right-hand side with more leading dimensions."""
+    return axis - band_ndim if axis >= 0 else axis
+
+
+def check_operator_rank(owner, rhs_name: str, rhs) -> None:
+    """Rule 3 of the module docstring, for the operator `owner` (with fields lower, diag,
+    upper, axis and band_ndim) applied to the array `rhs`."""
+    axis, band_ndim, rhs_shape = owner.axis, owner.band_ndim, np.shape(rhs)
     rhs_ndim = len(rhs_shape)
     if axis < 0 or rhs_ndim <= band_ndim:
         return
-    band_shape = tuple(band_shape)
+    band_shape = tuple(np.broadcast_shapes(*(np.shape(b) for b in (owner.lower, owner.diag,
+                                                                   owner.upper))))
+    owner = type(owner).__name__
     # The operator's N (1 when its bands are constant along the axis), and whether axis
     # `axis` of the right-hand side could hold its systems too.
     n = band_shape[axis - band_ndim] if len(band_shape) >= band_ndim - axis else 1

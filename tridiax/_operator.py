@@ -13,7 +13,7 @@ from jax.typing import ArrayLike
 
 from . import _backend, _bands, _dispatch
 from ._factorization import TridiagonalFactorization, factor
-from ._inputs import as_input, check_dtype, check_operator_rank, conform, plan, read
+from ._inputs import axis_from_end, check_dtype, check_operator_rank, conform, plan_of, read
 from ._solve import check_periodic_size, solve
 
 _NAMES = ("lower", "diag", "upper")
@@ -81,9 +81,8 @@ class Tridiagonal(eqx.Module):
         self.band_ndim = max(jnp.ndim(b) for b in (self.lower, self.diag, self.upper))
 
     def __check_init__(self):
-        bands = [as_input(n, b) for n, b in zip(_NAMES, (self.lower, self.diag, self.upper),
-                                                 strict=True)]
-        p = plan(bands, _NAMES, self.axis)
+        _, signatures = read(_NAMES, (self.lower, self.diag, self.upper))
+        p = plan_of(signatures, _NAMES, self.axis)
         if self.periodic:
             check_periodic_size(p.shape, p.axis)
 
@@ -93,12 +92,7 @@ class Tridiagonal(eqx.Module):
     def axis_from_end(self) -> int:
         """`axis` counted from the end (negative): the same dimension of the bands and of a
         right-hand side with more leading dimensions."""
-        return self.axis - self.band_ndim if self.axis >= 0 else self.axis
-
-    def _check_rhs(self, name: str, value) -> None:
-        band_shape = np.broadcast_shapes(*(np.shape(b) for b in (self.lower, self.diag, self.upper)))
-        check_operator_rank(type(self).__name__, self.axis, self.band_ndim, band_shape, name,
-                            np.shape(value))
+        return axis_from_end(self.axis, self.band_ndim)
 
     # --- shapes -------------------------------------------------------------------------
 
@@ -124,16 +118,10 @@ class Tridiagonal(eqx.Module):
 
     def mv(self, x: ArrayLike) -> Array:
         """A @ x along `axis` for every system (x broadcasts against the bands)."""
-        self._check_rhs("x", x)
+        check_operator_rank(self, "x", x)
         names = _NAMES + ("x",)
-        values = [as_input(n, v) for n, v in zip(names, (self.lower, self.diag, self.upper, x),
-                                                  strict=True)]
-        p = plan(values, names, self.axis_from_end)
-        n = max(np.shape(b)[p.axis - p.ndim] if np.ndim(b) >= p.ndim - p.axis else 1
-                for b in values[:3])
-        if p.shape[p.axis] != n and n != 1:
-            raise ValueError(f"x has {p.shape[p.axis]} rows along axis {self.axis}, the "
-                             f"operator {n}.")
+        values, signatures = read(names, (self.lower, self.diag, self.upper, x))
+        p = plan_of(signatures, names, self.axis_from_end)
         return _dispatch.run(_matvec, (p, self.periodic), *values)
 
     @property
@@ -264,7 +252,7 @@ class TDMA(eqx.Module):
             raise TypeError("TDMA solves a tridiax.Tridiagonal or TridiagonalFactorization, "
                             f"got {type(operator).__name__}; for lineax operators call "
                             "lineax.linear_solve(operator, vector, solver=tridiax.TDMA()).")
-        operator._check_rhs("rhs", rhs)
+        check_operator_rank(operator, "rhs", rhs)
         return solve(operator.lower, operator.diag, operator.upper, rhs,
                      axis=operator.axis_from_end, backend=self.backend,
                      periodic=operator.periodic, block=self.block, pivoting=self.pivoting,

@@ -108,8 +108,9 @@ def solve_periodic_tridiagonal(
     `check`), and
 
     - `pivoting`: eliminate T' with partial pivoting (as `solve_tridiagonal(...,
-      pivoting=True)`), for cyclic matrices that are not diagonally dominant. Costs about
-      two pivoted solves (benchmarks/README.md).
+      pivoting=True)`), for cyclic matrices that are not diagonally dominant. Costs 2.5-3.5x
+      a pivoted solve on CPU (both right-hand sides through the pivoted kernel, then the
+      correction; benchmarks/README.md).
 
     **Returns:** `x` with the broadcast shape of the inputs.
 
