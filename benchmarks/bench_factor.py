@@ -9,19 +9,18 @@ systems, then times (minimum of --repeats after a warm-up; compile time separate
 - solve: tridiax.solve_tridiagonal;
 - factored: TridiagonalFactorization.solve, the factors made once beforehand (not timed in it);
 - factor: Tridiagonal.factor() itself, paid once;
-- periodic: tridiax.solve_periodic_tridiagonal with the same bands (corners included).
+- periodic: tridiax.solve_periodic_tridiagonal with the same bands (corners included);
+- pivoted and periodic pivoted: the same two with pivoting=True.
 Ratios are solve time / method time, measured side by side in this one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import timed  # benchmarks/ is on sys.path when run as a script
+from _timing import machine, timed  # benchmarks/ is on sys.path when run as a script
 
 import tridiax
 from tridiax import verify
@@ -56,11 +55,11 @@ def main():
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
-    print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
-          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, float32, "
-          f"{args.batch} systems of N = {args.n}, min of {args.repeats}")
+    print(f"machine: {machine()}; float32, {args.batch} systems of N = {args.n}, "
+          f"min of {args.repeats}")
     header = (f"{'layout':>14} {'matrix':>10} {'solve ms':>9} {'factored ms':>12} {'ratio':>6} "
-              f"{'factor ms':>10} {'periodic ms':>12} {'p/solve':>8} {'max rel err':>12}")
+              f"{'factor ms':>10} {'periodic ms':>12} {'p/solve':>8} {'pivoted ms':>11} "
+              f"{'periodic piv ms':>16} {'pp/piv':>7} {'max rel err':>12}")
     print(header)
     for axis, layout in ((0, "(N, B) axis 0"), (-1, "(B, N) axis -1")):
         for shared in (False, True):
@@ -74,12 +73,21 @@ def main():
             t_per, _, periodic = timed(
                 lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=axis), lo, di, up, rhs,
                 repeats=args.repeats)
-            err = max(sample_error(solve(lo, di, up, rhs), (lo, di, up, rhs), axis),
-                      sample_error(fsolve(fact, rhs), (lo, di, up, rhs), axis),
-                      sample_error(periodic(lo, di, up, rhs), (lo, di, up, rhs), axis, True))
+            t_piv, _, _ = timed(
+                lambda *a: tridiax.solve_tridiagonal(*a, axis=axis, pivoting=True), lo, di, up,
+                rhs, repeats=args.repeats)
+            t_pp, _, periodic_pivoted = timed(
+                lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=axis, pivoting=True), lo,
+                di, up, rhs, repeats=args.repeats)
+            data = (lo, di, up, rhs)
+            err = max(sample_error(solve(*data), data, axis),
+                      sample_error(fsolve(fact, rhs), data, axis),
+                      sample_error(periodic(*data), data, axis, True),
+                      sample_error(periodic_pivoted(*data), data, axis, True))
             print(f"{layout:>14} {'shared' if shared else 'per-system':>10} {t_solve * 1e3:9.1f} "
                   f"{t_fact * 1e3:12.1f} {t_solve / t_fact:6.2f} {t_factor * 1e3:10.1f} "
-                  f"{t_per * 1e3:12.1f} {t_per / t_solve:8.2f} {err:12.1e}")
+                  f"{t_per * 1e3:12.1f} {t_per / t_solve:8.2f} {t_piv * 1e3:11.1f} "
+                  f"{t_pp * 1e3:16.1f} {t_pp / t_piv:7.2f} {err:12.1e}")
 
 
 if __name__ == "__main__":

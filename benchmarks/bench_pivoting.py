@@ -19,7 +19,6 @@ compile time separately; the ratio is measured side by side in one run.
 from __future__ import annotations
 
 import argparse
-import os
 
 import jax
 
@@ -27,7 +26,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import cell, timed  # noqa: E402  (benchmarks/ is on sys.path as a script)
+from _timing import cell, machine, timed  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
 import tridiax  # noqa: E402
 from tridiax import verify  # noqa: E402
@@ -74,9 +73,8 @@ def accuracy_table():
 
 
 def cost_table(batch, n, repeats):
-    print(f"\ntime of one solve, {batch} systems of N = {n} (min of {repeats}; device "
-          f"{jax.devices()[0].device_kind}, jax {jax.__version__}, GLIBC_TUNABLES="
-          f"{os.environ.get('GLIBC_TUNABLES', '')!r})")
+    print(f"\ntime of one solve, {batch} systems of N = {n} (min of {repeats}; machine: "
+          f"{machine()})")
     print(f"{'dtype':>8} {'layout':>16} {'no pivoting':>12} {'pivoting':>12} {'ratio':>7} "
           f"{'compile (s)':>12}")
     for dtype in (np.float32, np.float64):

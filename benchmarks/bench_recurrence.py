@@ -18,12 +18,11 @@ w and z), minimum of --repeats after a warm-up, compile time separately, ratios 
 from __future__ import annotations
 
 import argparse
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import cell, timed  # benchmarks/ is on sys.path when run as a script
+from _timing import cell, machine, timed  # benchmarks/ is on sys.path when run as a script
 from jax.experimental import pallas as pl
 
 import tridiax
@@ -82,10 +81,7 @@ def numpy_indrnn(w, z):
 
 
 def run(args):
-    device = jax.devices()[0]
-    print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}, "
-          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, float32, T={args.T}, "
-          f"min of {args.repeats} after warm-up")
+    print(f"machine: {machine()}; float32, T={args.T}, min of {args.repeats} after warm-up")
     print(f"{'F':>7} {'method':<30}{'fwd ms':>9}{'fwd+bwd ms':>12}{'compile s':>11}"
           f"{'err':>9}{'fwd / fused':>13}{'fwd+bwd / fwd':>15}")
     for F in args.F:

@@ -33,6 +33,7 @@ def main():
                                    + f" --xla_force_host_platform_device_count={args.devices}")
     import jax
     import numpy as np
+    from _timing import machine  # imports jax: only after XLA_FLAGS is set
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -42,8 +43,7 @@ def main():
 
     all_devices = jax.devices()
     counts = [d for d in (1, 2, 4, 8, 16) if d <= len(all_devices)]
-    print(f"{len(all_devices)} {all_devices[0].platform} devices ({all_devices[0].device_kind}), "
-          f"jax {jax.__version__}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, "
+    print(f"{len(all_devices)} {all_devices[0].platform} devices on machine: {machine()}; "
           f"float32, min of {args.repeats}")
     rng = np.random.default_rng(0)
 

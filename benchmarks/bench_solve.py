@@ -15,12 +15,11 @@ memory bandwidth reached (5 arrays moved once).
 from __future__ import annotations
 
 import argparse
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import cell, timed  # benchmarks/ is on sys.path when run as a script
+from _timing import cell, machine, timed  # benchmarks/ is on sys.path when run as a script
 
 import tridiax
 from tridiax import verify
@@ -66,9 +65,8 @@ def fused(lower, diag, upper, rhs):
 def run(args):
     dtype = jnp.dtype(args.dtype)
     device = jax.devices()[0]
-    print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}, "
-          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, dtype {dtype.name}, "
-          f"N={args.n}, B={args.batch}, min of {args.repeats} after warm-up")
+    print(f"machine: {machine()}; dtype {dtype.name}, N={args.n}, B={args.batch}, "
+          f"min of {args.repeats} after warm-up")
     print(f"{'layout':<16}{'method':<22}{'ms':>9}{'compile s':>11}{'rel err':>10}"
           f"{'vs tridiax':>12}")
     for axis in (0, -1):
