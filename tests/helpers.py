@@ -58,6 +58,22 @@ def dense_matrix(lower, diag, upper):
             + upper[..., :, None] * eye_sup)
 
 
+def dense_numpy(lower, diag, upper, axis=-1, periodic=False):
+    """(batch..., N, N) matrices from bands along `axis`, built with NumPy indexing
+    (independent of Tridiagonal.as_matrix); cyclic corners when `periodic`."""
+    lo, di, up = (np.moveaxis(np.asarray(b), axis, -1) for b in np.broadcast_arrays(lower, diag, upper))
+    n = di.shape[-1]
+    a = np.zeros(di.shape + (n,), np.result_type(di, lo, up, np.float64))
+    i = np.arange(n)
+    a[..., i, i] = di
+    a[..., i[1:], i[:-1]] = lo[..., 1:]
+    a[..., i[:-1], i[1:]] = up[..., :-1]
+    if periodic:
+        a[..., 0, n - 1] += lo[..., 0]
+        a[..., n - 1, 0] += up[..., n - 1]
+    return a
+
+
 def dense_solve(lower, diag, upper, rhs, axis):
     """Independent reference: jnp.linalg.solve on dense matrices (differentiable)."""
     arrays = jnp.broadcast_arrays(*(jnp.asarray(a) for a in (lower, diag, upper, rhs)))

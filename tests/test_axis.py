@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 import pytest
-from helpers import numpy_loop, random_bands
+from helpers import dense_numpy, numpy_loop, random_bands
 
 import tridiax
 from tridiax import verify
@@ -36,16 +36,7 @@ def reference(bands, periodic=False):
 
 
 def dense_mv(bands, x, periodic=False):
-    lo, di, up = (np.broadcast_to(b, BATCH + (N,)) for b in bands)
-    a = np.zeros(BATCH + (N, N))
-    i = np.arange(N)
-    a[..., i, i] = di
-    a[..., i[1:], i[:-1]] = lo[..., 1:]
-    a[..., i[:-1], i[1:]] = up[..., :-1]
-    if periodic:
-        a[..., 0, N - 1] += lo[..., 0]
-        a[..., N - 1, 0] += up[..., N - 1]
-    return np.einsum("...ij,...j->...i", a, x)
+    return np.einsum("...ij,...j->...i", dense_numpy(*bands, periodic=periodic), x)
 
 
 def entry_points(bands, rhs, axis, periodic):

@@ -7,26 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import assert_close, backends, random_bands
+from helpers import dense_numpy as dense
 from jax.test_util import check_grads
 
 import tridiax
 from tridiax import verify
-
-
-def dense(lower, diag, upper, axis, periodic):
-    """(batch..., N, N) from bands along `axis`, built with NumPy indexing (independent of
-    Tridiagonal.as_matrix)."""
-    lo, di, up = (np.moveaxis(np.asarray(b), axis, -1) for b in np.broadcast_arrays(lower, diag, upper))
-    n = di.shape[-1]
-    a = np.zeros(di.shape + (n,), np.result_type(di, np.float64))
-    i = np.arange(n)
-    a[..., i, i] = di
-    a[..., i[1:], i[:-1]] = lo[..., 1:]
-    a[..., i[:-1], i[1:]] = up[..., :-1]
-    if periodic:
-        a[..., 0, n - 1] += lo[..., 0]
-        a[..., n - 1, 0] += up[..., n - 1]
-    return a
 
 
 def dense_solve(lower, diag, upper, rhs, axis, periodic):

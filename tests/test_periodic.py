@@ -10,21 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RTOL, backends
+from helpers import RTOL, backends, dense_numpy
 
 import tridiax
 from tridiax._solve import solve
-
-
-def dense(lower, diag, upper):
-    """(S, N, N) cyclic matrices from (S, N) bands."""
-    s, n = diag.shape
-    a = np.zeros((s, n, n), np.result_type(lower, diag, upper))
-    i = np.arange(n)
-    a[:, i, i] = diag
-    a[:, i, (i - 1) % n] += lower
-    a[:, i, (i + 1) % n] += upper
-    return a
 
 
 def cyclic_cases(dtype, n=9):
@@ -49,8 +38,7 @@ def cyclic_cases(dtype, n=9):
 
 
 def reference(lower, diag, upper, rhs):
-    a = dense(*(v.astype(np.complex128 if np.iscomplexobj(v) else np.float64)
-                for v in (lower, diag, upper)))
+    a = dense_numpy(lower, diag, upper, periodic=True)
     return np.linalg.solve(a, rhs[..., None].astype(a.dtype))[..., 0], np.linalg.cond(a)
 
 
@@ -75,7 +63,7 @@ def test_the_issue_matrix_and_its_transpose(dtype):
     expected, _ = reference(*(np.asarray(v) for v in (lower, diag, upper, rhs)))
     x = tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, check=True)
     np.testing.assert_allclose(x, expected, rtol=1e-11)
-    a = jnp.asarray(dense(*(np.asarray(v) for v in (lower, diag, upper))))
+    a = jnp.asarray(dense_numpy(lower, diag, upper, periodic=True))
 
     def ours(rhs, pivoting):
         return tridiax.solve_periodic_tridiagonal(lower, diag, upper, rhs, pivoting=pivoting)
