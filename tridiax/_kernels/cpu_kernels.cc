@@ -70,6 +70,12 @@ T Split(T d0, T alpha, T u0) {
   return -direction * size;
 }
 
+// The cores the kernels share their tiles over (read once: the call costs microseconds).
+int64_t Cores() {
+  static const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  return cores;
+}
+
 template <typename T>
 class Solver {
  public:
@@ -82,8 +88,20 @@ class Solver {
     // in cache (measured on a 2-core EPYC, N = 100: 512 along Q, 16 along P were fastest).
     const int64_t bytes = static_cast<int64_t>(sizeof(T)) * N_;
     const int64_t columns = kind_ == kPivoted ? 4 : kind_ == kPeriodic ? 3 : 2;
-    int64_t w = along_q_ ? std::clamp<int64_t>((int64_t{1} << 20) / (columns * bytes), 1, 512)
+    // Never fewer than a cache line of systems along Q: for long systems (N above ~65 000)
+    // the scratch no longer fits in L2 whatever W is, and W = 1 made every row a scalar
+    // access 4*Q bytes from the last (30x the memory floor); with a line of systems the
+    // scratch streams through memory instead, at full vector width.
+    const int64_t line = std::max<int64_t>(1, 64 / static_cast<int64_t>(sizeof(T)));
+    int64_t w = along_q_ ? (int64_t{1} << 20) / (columns * bytes)
                          : std::clamp<int64_t>((int64_t{1} << 16) / (6 * bytes), 1, 16);
+    if (along_q_ && w < line) {
+      // The scratch streams from memory anyway: split Q evenly over the cores, in whole lines.
+      const int64_t share = (Q_ + Cores() - 1) / Cores();
+      w = std::clamp<int64_t>((share + line - 1) / line * line, line, 512);
+    } else if (along_q_) {
+      w = std::min<int64_t>(w, 512);
+    }
     if (w > 8) w -= w % 8;
     w_ = std::min<int64_t>(w, along_q_ ? Q_ : P_);
     tiles_per_line_ = along_q_ ? (Q_ + w_ - 1) / w_ : (P_ + w_ - 1) / w_;
@@ -430,9 +448,7 @@ class Solver {
 template <typename T, typename Kernel>
 void RunTiles(const Kernel& kernel, int64_t work) {
   const int64_t tiles = kernel.tiles();
-  static const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
-  int64_t threads = cores;
-  threads = std::min<int64_t>({threads, tiles, std::max<int64_t>(1, work / (1 << 16))});
+  const int64_t threads = std::min<int64_t>({Cores(), tiles, std::max<int64_t>(1, work / (1 << 16))});
   auto run = [&](int64_t id) {
     // A small scratch is kept by the thread across calls, so a small solve in a time loop
     // pays no allocation (every kernel writes its scratch before reading it); a large one
