@@ -6,6 +6,7 @@ system, and solved by every entry point; each answer, moved back, must equal one
 reference. Then the shapes that admit two readings must be refused, by every entry point.
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
@@ -227,3 +228,88 @@ def test_unambiguous_lower_rank_arrays_keep_numpy_rules():
     expected = verify.reference_solve(lo[None], di[None], up[None], rhs, axis=0)
     np.testing.assert_allclose(tridiax.solve_tridiagonal(lo, di, up, rhs, axis=0), expected,
                                rtol=1e-13)
+
+
+# --- from a review: operators under vmap, mv broadcasting, band-like arguments -------------
+
+@pytest.mark.parametrize("periodic", [False, True])
+def test_vmap_over_an_operator_follows_its_axis(periodic):
+    # B = 3 systems of N = 5 rows along axis 0; vmap over the systems (a dimension after the
+    # axis) once solved along the wrong dimension of the right-hand side.
+    lo, di, up, _ = random_bands((5, 3), seed=3)
+    rhs = np.random.default_rng(3).standard_normal((4, 5, 3))
+    for axis in (0, -2):
+        a = tridiax.Tridiagonal(lo, di, up, axis=axis, periodic=periodic)
+        expected = a.solve(rhs)
+        x = jax.vmap(lambda a, b: a.solve(b), in_axes=(1, 2), out_axes=2)(a, rhs)
+        np.testing.assert_allclose(x, expected, rtol=1e-12)
+        y = jax.vmap(lambda a, b: a.mv(b), in_axes=(1, 2), out_axes=2)(a, x)
+        np.testing.assert_allclose(y, rhs, rtol=1e-11, atol=1e-12)
+        f = jax.vmap(lambda a, b: a.factor().solve(b), in_axes=(1, 2), out_axes=2)(a, rhs)
+        np.testing.assert_allclose(f, expected, rtol=1e-12)
+        # An operator made inside vmap, used outside: the axis follows its dimension.
+        made = jax.vmap(lambda l, d, u: tridiax.Tridiagonal(l, d, u, axis=axis + 1 if axis < 0
+                                                            else 0, periodic=periodic),
+                        in_axes=1, out_axes=1)(lo, di, up)
+        np.testing.assert_allclose(made.solve(rhs), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="vmap over the operator's own axis"):
+        jax.vmap(lambda a, b: a.solve(b), in_axes=(0, 1))(
+            tridiax.Tridiagonal(lo, di, up, axis=0), rhs)
+    square = tridiax.Tridiagonal(*(np.ones((3, 3, 3)) * v for v in (1.0, 4.0, 1.0)), axis=1)
+    with pytest.raises(ValueError, match="more than one dimension of that shape could be the axis"):
+        jax.vmap(lambda a: a.mv(np.ones((3, 3))), in_axes=0)(square)
+
+
+def test_mv_of_an_array_constant_along_the_axis():
+    op = tridiax.Tridiagonal(-1.0, 2 + jnp.arange(4.0), -1.0)
+    np.testing.assert_allclose(op.mv(jnp.ones(1)), op.as_matrix() @ np.ones(4))
+    np.testing.assert_allclose(op.mv(1.0), op.as_matrix() @ np.ones(4))
+    ops = tridiax.Tridiagonal(-np.ones((4, 1)), 2 * np.ones((4, 1)), -np.ones((4, 1)), axis=0)
+    np.testing.assert_allclose(ops.mv(np.ones((1, 3))), ops.mv(np.ones((4, 3))))
+
+
+def test_band_like_arguments_follow_the_bands_rule():
+    lo, di, up = (b[:, :1] for b in random_bands((4, 4), seed=5)[:3])  # one (4, 1) matrix
+    rhs = np.random.default_rng(5).standard_normal((4, 4))
+    a = tridiax.Tridiagonal(lo, di, up, axis=0)
+    v = np.arange(1.0, 5.0)
+    with pytest.raises(ValueError, match="does not guess"):  # (4,) against (4, 1): both fit
+        a.shift_diagonal(v)
+    shifted = a.shift_diagonal(v[:, None])  # per-row shifts of the shared matrix
+    np.testing.assert_allclose(shifted.solve(rhs), np.linalg.solve(
+        dense_numpy(lo[:, 0], di[:, 0], up[:, 0]) + np.diag(v), rhs), rtol=1e-12)
+    with pytest.raises(ValueError, match="does not guess"):
+        a.scale(v)
+    np.testing.assert_allclose((np.ones((4, 1)) * a).as_matrix(), a.as_matrix())
+
+
+@pytest.mark.parametrize("where", ["jit", "vmap"])
+def test_jitting_a_method_of_an_operator_made_of_tracers(where):
+    # What the Tridiagonal docstring recommends there: equinox.filter_jit of the method.
+    lo, di, up, rhs = (jnp.asarray(v) for v in random_bands((3, 6), seed=6))
+    expected = tridiax.solve_tridiagonal(lo, di, up, rhs)
+    if where == "jit":
+        x = jax.jit(lambda d: eqx.filter_jit(tridiax.Tridiagonal(lo, d, up).solve)(rhs))(di)
+    else:
+        ops = tridiax.Tridiagonal(lo, di, up)
+        x = jax.vmap(lambda a, b: eqx.filter_jit(a.solve)(b))(ops, rhs)
+    np.testing.assert_allclose(x, expected, rtol=1e-12)
+
+
+def test_python_ints_are_weakly_typed_like_in_jax():
+    rhs = jnp.ones(4, jnp.float32)
+    x = tridiax.solve_tridiagonal(-1, 4, -1, rhs)
+    assert x.dtype == jnp.float32
+    np.testing.assert_allclose(x, tridiax.verify.reference_solve(-1.0, 4.0, -1.0, rhs), rtol=1e-6)
+    np.testing.assert_allclose(tridiax.Tridiagonal(-1, 4 + 0 * rhs, -1.0).solve(rhs), x)
+    np.testing.assert_allclose(tridiax.linear_recurrence(1, rhs), np.cumsum(rhs))
+    with pytest.raises(TypeError, match="^rhs has dtype int32"):  # integer arrays are not
+        tridiax.solve_tridiagonal(-1, 4, -1, np.zeros(4, np.int32) + 1)
+
+
+def test_broadcast_errors_name_the_axis_that_fits():
+    with pytest.raises(ValueError, match=r"If the systems lie along axis 0 \(length 5\), pass "
+                                         r"axis=0 and give the 1-D arrays shape \(5, 1\)"):
+        tridiax.solve_tridiagonal(np.ones(5), np.ones(5), np.ones(5), np.ones((5, 3)))
+    with pytest.raises(ValueError, match="x has shape"):  # inputs, unlike decays, are refused
+        tridiax.linear_recurrence(np.ones((6, 1)), np.ones(6))

@@ -122,7 +122,9 @@ def test_float64_inputs_in_32_bit_mode_run_in_float32():
             "x = tridiax.solve_tridiagonal(np.ones(4), 3 * np.ones(4), np.ones(4), np.ones(4)); "
             "print(x.dtype)")
     env = dict(os.environ, JAX_ENABLE_X64="0")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    # -W error: silently, as JAX itself converts them (no "float64 ... truncated" warning).
+    result = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code],
+                            capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "float32"
 

@@ -107,3 +107,15 @@ def test_pivoting_solves_what_the_unpivoted_periodic_solve_cannot():
     np.testing.assert_allclose(
         tridiax.Tridiagonal(lower, diag, upper, periodic=True).solve(rhs, pivoting=True),
         expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_cyclic_shift_is_reported_with_what_to_do():
+    # lower = 1, diag = upper = 0: x[i-1] = b[i], condition number 1, but every split leaves a
+    # singular tridiagonal part, pivoted or not: inf/NaN, which check=True reports.
+    n = 5
+    b = np.arange(1.0, n + 1)
+    args = (np.ones(n), np.zeros(n), np.zeros(n), b)
+    with pytest.raises(tridiax.BreakdownError, match=r"cyclic shift: solve those systems densely"):
+        tridiax.solve_periodic_tridiagonal(*args, pivoting=True, check=True)
+    np.testing.assert_allclose(np.linalg.solve(dense_numpy(*args[:3], periodic=True), b),
+                               np.roll(b, -1))

@@ -62,9 +62,9 @@ class BreakdownMessages(Sequence):
         head = (f"tridiax: {failed} of {self.total} {kind} systems failed: the solution is "
                 f"not finite or its backward error exceeds {self.tolerance:.1e}. ")
         if self.pivoting:
-            tail = (" (or, rarely, the tridiagonal part left by the Sherman-Morrison split is "
-                    "singular although the cyclic matrix is not: solve those systems densely)"
-                    if self.periodic else "")
+            tail = (" (or the tridiagonal part left by the Sherman-Morrison split is singular "
+                    "although the cyclic matrix is not, as for a cyclic shift: solve those "
+                    "systems densely)" if self.periodic else "")
             return head + (
                 "The solve pivoted, so those matrices are singular or nearly singular at this "
                 "precision, or their inputs hold inf/NaN" + tail + ": check the inputs, use "

@@ -46,3 +46,4 @@ def structural_hash(module) -> int:
     Python requires; jax.jit then tells two operators apart by comparing their values."""
     leaves, treedef = jax.tree.flatten(module)
     return hash((treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves)))
+

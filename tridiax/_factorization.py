@@ -30,7 +30,7 @@ from jax.interpreters import batching
 from jax.typing import ArrayLike
 
 from . import _backend, _bands, _dispatch, _layout, _periodic, _sharding
-from ._inputs import axis_from_end, check_operator_rank, conform, plan_of, read
+from ._inputs import check_operator_rank, conform, plan_of, read
 from ._kernels import _xla_thomas
 from ._primitive import ShapedArray, def_jit_impl, tridiagonal_solve_p
 from ._solve import check_periodic_size
@@ -52,9 +52,9 @@ class TridiagonalFactorization(eqx.Module):
       L[i, i-1] = l[i], D = diag(m), V[i, i+1] = c'[i].
     - `periodic_correction` (w) and `periodic_weight` (kappa, size 1 along `axis`): for a
       periodic operator, x = y - (y[0] + kappa*y[N-1]) w; None otherwise.
-    - `axis` (as given to the operator, counted in its bands), `band_ndim` (their number of
-      dimensions then), `periodic`, `backend`, `block`: static. A right-hand side with more
-      dimensions than `band_ndim` follows the operator's rule (`tridiax.Tridiagonal`).
+    - `axis` (as given to the operator, counted in its bands), `band_shape` (their broadcast
+      shape then), `periodic`, `backend`, `block`: static. A right-hand side with more
+      dimensions than the bands follows the operator's rule (`tridiax.Tridiagonal`).
 
     `jax.jit(factorization.solve)` works (the factors are then constants of the program).
     """
@@ -68,21 +68,17 @@ class TridiagonalFactorization(eqx.Module):
     periodic_correction: Array | None
     periodic_weight: Array | None
     axis: int = eqx.field(static=True)
-    band_ndim: int = eqx.field(static=True)
+    band_shape: tuple[int, ...] = eqx.field(static=True)
     periodic: bool = eqx.field(static=True, default=False)
     backend: str | None = eqx.field(static=True, default=None)
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
 
     __hash__ = _dispatch.structural_hash
 
-    @property
-    def axis_from_end(self) -> int:
-        return axis_from_end(self.axis, self.band_ndim)
-
     def solve(self, rhs: ArrayLike) -> Array:
         """x with A x = rhs, `rhs` broadcasting against the bands (more leading batch
         dimensions allowed); returns the broadcast shape."""
-        check_operator_rank(self, "rhs", rhs)
+        from_end = check_operator_rank(self, "rhs", rhs)
         arrays = [self.lower, self.diag, self.upper, self.lower_factor, self.inverse_pivots,
                   self.upper_factor]
         names = list(_BAND_NAMES) + ["lower_factor", "inverse_pivots", "upper_factor"]
@@ -90,9 +86,9 @@ class TridiagonalFactorization(eqx.Module):
             arrays += [self.periodic_correction, self.periodic_weight]
             names += ["periodic_correction", "periodic_weight"]
         values, signatures = read(names + ["rhs"], arrays + [rhs])
-        p = plan_of(signatures, names + ["rhs"], self.axis_from_end)
+        p = plan_of(signatures, names + ["rhs"], from_end)
         rhs_shape = (1,) * (p.ndim - np.ndim(rhs)) + np.shape(rhs)
-        n, n_rhs = np.shape(self.inverse_pivots)[self.axis_from_end], rhs_shape[p.axis]
+        n, n_rhs = np.shape(self.inverse_pivots)[from_end], rhs_shape[p.axis]
         if n != n_rhs and n_rhs != 1:
             raise ValueError(
                 f"rhs has {n_rhs} rows along axis {self.axis} but this factorization was made "
@@ -147,19 +143,18 @@ def _apply_factors(static, factors, rhs):
     return x
 
 
-def factor(lower, diag, upper, *, axis: int, band_ndim: int, periodic: bool = False,
-           backend=None, block=None) -> TridiagonalFactorization:
-    """Eliminate the bands once (see `TridiagonalFactorization`); `axis` and `band_ndim` as
-    the operator's."""
+def factor(lower, diag, upper, *, axis: int, periodic: bool = False, backend=None,
+           block=None) -> TridiagonalFactorization:
+    """Eliminate the bands once (see `TridiagonalFactorization`); `axis` as an operator's
+    (counted in the bands, its sign kept)."""
     bands, signatures = read(_BAND_NAMES, (lower, diag, upper))
-    from_end = axis_from_end(axis, band_ndim)
-    p = plan_of(signatures, _BAND_NAMES, from_end)
+    p = plan_of(signatures, _BAND_NAMES, axis)
     _backend.check_backend(backend, p.dtype)
     block = _backend.check_block(block)
     if periodic:
         check_periodic_size(p.shape, p.axis)
     arrays = _dispatch.run(_factor, (p, periodic, backend, block), *bands)
-    return TridiagonalFactorization(*arrays, axis=axis, band_ndim=band_ndim, periodic=periodic,
+    return TridiagonalFactorization(*arrays, axis=axis, band_shape=p.shape, periodic=periodic,
                                     backend=backend, block=block)
 
 

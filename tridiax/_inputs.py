@@ -15,8 +15,9 @@ The rules (README, "Shapes and axis"), the same for every entry point (`solve_tr
    axis=0: the habit of jax.lax.linalg and scipy, where 1-D bands lie along the system), the
    error shows the shape that lies along the axis. When both fit (B == N), a tridiagonal
    solve refuses the call and names both readings: with that habit around, tridiax does not
-   guess. A recurrence's coefficients follow NumPy there (a 1-D `a` of F values is per
-   feature, as in every sequence library), so (F,) decays with (T, F) inputs work for T == F.
+   guess. A recurrence's coefficients (`a`, `weight_hh`) follow NumPy there (a 1-D `a` of F
+   values is per feature, as in every sequence library), so (F,) decays with (T, F) inputs
+   work for T == F; its inputs `x`, `z` are refused like bands.
 3. An operator (`Tridiagonal`, a factorization) counts `axis` in its bands' broadcast shape. A
    right-hand side with more dimensions than the bands had when the operator was built is
    aligned with them at the right (NumPy), so a negative `axis` means the same dimension in
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 
 import jax
@@ -123,8 +125,8 @@ def x64_enabled() -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(signature, names, axis: int, along: str, x64: bool) -> Plan:
-    for name, (_, dtype, _) in zip(names, signature, strict=True):
-        check_dtype(name, dtype)
+    for name, (_, dtype, weak) in zip(names, signature, strict=True):
+        check_dtype(name, dtype, weak)
     shapes = [shape for shape, _, _ in signature]
     ndim = max(len(s) for s in shapes)
     if ndim == 0:
@@ -139,21 +141,36 @@ def _plan(signature, names, axis: int, along: str, x64: bool) -> Plan:
         described = ", ".join(f"{n}{s}" for n, s in zip(names, shapes, strict=True))
         raise ValueError(
             f"the shapes do not broadcast together: {described}. Every input must broadcast to "
-            f"the shape of the solution under NumPy rules. {_README}"
+            f"the shape of the solution under NumPy rules.{_other_axis_hint(shapes, axis, along)} "
+            f"{_README}"
         ) from None
     if shape[axis] == 0:
         raise ValueError(
             f"axis {axis} has size 0 in the broadcast shape {shape}; a system or sequence "
             "needs at least one row."
         )
-    # A weakly typed input (a Python scalar) takes the others' precision, as in JAX.
-    kinds = {"f": float, "c": complex}
-    dtype = jnp.result_type(*(kinds.get(d.kind, d) if weak else d for _, d, weak in signature))
-    return Plan(ndim=ndim, axis=axis, dtype=np.dtype(dtype), shape=shape)
+    dtype = result_dtype(signature)
+    if not is_supported(dtype):
+        raise TypeError(f"the inputs ({', '.join(names)}) have no floating-point or complex "
+                        f"array among them (their common dtype is {dtype}); pass floats.")
+    return Plan(ndim=ndim, axis=axis, dtype=dtype, shape=shape)
 
 
-def check_dtype(name: str, dtype) -> None:
-    """A TypeError naming the argument unless `dtype` is floating-point or complex."""
+def result_dtype(signatures) -> np.dtype:
+    """The dtype the inputs of these signatures compute in: a weakly typed input (a Python
+    scalar) takes the others' precision, as in JAX; float64 inputs in JAX's 32-bit mode are
+    float32 (canonicalised here, silently, as JAX does on entry)."""
+    kinds = {"f": float, "c": complex, "i": int, "u": int}
+    return np.dtype(jnp.result_type(*(kinds.get(d.kind, d) if weak
+                                      else jax.dtypes.canonicalize_dtype(d)
+                                      for _, d, weak in signatures)))
+
+
+def check_dtype(name: str, dtype, weak: bool = False) -> None:
+    """A TypeError naming the argument unless `dtype` is floating-point or complex, or a
+    weakly typed integer (a Python int, which takes the others' dtype, as in JAX)."""
+    if weak and np.dtype(dtype).kind in "iu":
+        return
     if not is_supported(dtype):
         raise TypeError(
             f"{name} has dtype {np.dtype(dtype)}; tridiax works on floating-point or complex "
@@ -209,7 +226,8 @@ def _check_alignment(shapes, names, axis: int, ndim: int, along: str) -> None:
         fits = [s for s in starts if n > 1 and shape[axis - s] == n
                 and _broadcasts(reference, shape + (1,) * (ndim - s - rank)) is not None]
         numpy_fit = _broadcasts(reference, shape) is not None
-        if fits and not (numpy_fit and along == "time steps"):  # recurrences: NumPy's reading
+        coefficient = along == "time steps" and name == names[0]  # a recurrence's decays
+        if fits and not (numpy_fit and coefficient):  # those keep NumPy's reading (rule 2)
             problems.setdefault(shape, ([], fits[0], numpy_fit))[0].append(name)
     if not problems:
         return
@@ -240,6 +258,23 @@ def _check_alignment(shapes, names, axis: int, ndim: int, along: str) -> None:
         f"{axis}: pass {along_fix}. {_README}")
 
 
+def _other_axis_hint(shapes, axis: int, along: str) -> str:
+    """For 1-D arrays whose length is that of exactly one other dimension of the full-rank
+    arrays: the axis the user probably meant, and the shape that puts them along it."""
+    reference = _broadcasts(*(s for s in shapes if len(s) == max(map(len, shapes))))
+    lengths = {s[0] for s in shapes if len(s) == 1 and s[0] > 1}
+    if reference is None or len(lengths) != 1:
+        return ""
+    (n,) = lengths
+    matches = [k for k, size in enumerate(reference) if size == n and k != axis]
+    if len(matches) != 1:
+        return ""
+    k, ndim = matches[0], len(reference)
+    shape = (n,) + (1,) * (ndim - k - 1)
+    return (f" If the {along} lie along axis {k} (length {n}), pass axis={k}"
+            + (f" and give the 1-D arrays shape {shape}" if shape != (n,) else "") + ".")
+
+
 def _axes(start: int, stop: int) -> str:
     return f"axis {start}" if stop - start == 1 else f"axes {start}..{stop - 1}"
 
@@ -248,44 +283,77 @@ def _join(names) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def axis_from_end(axis: int, band_ndim: int) -> int:
-    """An operator's `axis` (counted in bands of `band_ndim` dimensions) as a negative axis:
-    the same dimension of the bands and of a right-hand side with more leading dimensions."""
-    return axis - band_ndim if axis >= 0 else axis
+def band_shape(owner) -> tuple[int, ...]:
+    """The broadcast shape of an operator's bands as they are now."""
+    return tuple(np.broadcast_shapes(*(np.shape(b) for b in (owner.lower, owner.diag,
+                                                             owner.upper))))
 
 
-def check_operator_rank(owner, rhs_name: str, rhs) -> None:
-    """Rule 3 of the module docstring, for the operator `owner` (with fields lower, diag,
-    upper, axis and band_ndim) applied to the array `rhs`."""
-    axis, band_ndim, rhs_shape = owner.axis, owner.band_ndim, np.shape(rhs)
-    rhs_ndim = len(rhs_shape)
-    if axis < 0 or rhs_ndim <= band_ndim:
-        return
-    band_shape = tuple(np.broadcast_shapes(*(np.shape(b) for b in (owner.lower, owner.diag,
-                                                                   owner.upper))))
-    owner = type(owner).__name__
+def operator_axis(owner) -> int:
+    """The axis (>= 0) of an operator's bands as they are now, from the `axis` it was built
+    with on bands of shape `owner.band_shape`. Under jax.vmap the bands lose (or, returned
+    from it, gain) a dimension; the axis follows its own dimension, found by matching the
+    two shapes, and a vmap over the axis itself or an ambiguous match is an error."""
+    then, now = tuple(owner.band_shape), band_shape(owner)
+    axis = owner.axis % len(then)
+    if now == then:
+        return axis
+    found = set()
+    if len(now) < len(then):  # which dimensions survived
+        for kept in itertools.combinations(range(len(then)), len(now)):
+            if tuple(then[k] for k in kept) == now and axis in kept:
+                found.add(kept.index(axis))
+    else:  # where the old dimensions went
+        for placed in itertools.combinations(range(len(now)), len(then)):
+            if tuple(now[k] for k in placed) == then:
+                found.add(placed[axis])
+    if len(found) == 1:
+        return found.pop()
+    name = type(owner).__name__
+    if not found:
+        raise ValueError(
+            f"{name} was built on bands of shape {then} with its systems along axis {axis}; its "
+            f"bands now have shape {now}, which is not that shape with dimensions removed or "
+            f"added without touching the axis (jax.vmap over the operator's own axis leaves "
+            f"no rows to solve). Map over another dimension.")
+    raise ValueError(
+        f"{name} was built on bands of shape {then} with its systems along axis {axis}; its "
+        f"bands now have shape {now} (jax.vmap removed or added a dimension), and more than "
+        f"one dimension of that shape could be the axis. Give the vmapped dimension a size "
+        f"different from its neighbours', or map outside the operator.")
+
+
+def check_operator_rank(owner, rhs_name: str, rhs) -> int:
+    """Rule 3 of the module docstring, for the operator `owner` (fields lower, diag, upper,
+    axis, band_shape) applied to the array `rhs`. Returns the axis to solve along, counted
+    from the end (the same dimension of the bands and of `rhs`)."""
+    bands, rhs_shape = band_shape(owner), np.shape(rhs)
+    axis, band_ndim, rhs_ndim = operator_axis(owner), len(bands), len(rhs_shape)
+    from_end = axis - band_ndim
+    if owner.axis < 0 or rhs_ndim <= band_ndim:
+        return from_end
     # The operator's N (1 when its bands are constant along the axis), and whether axis
     # `axis` of the right-hand side could hold its systems too.
-    n = band_shape[axis - band_ndim] if len(band_shape) >= band_ndim - axis else 1
+    n = bands[axis]
     if not (rhs_shape[axis] == n if n > 1 else rhs_shape[axis] > 1):
-        return
-    numpy_axis = rhs_ndim + axis - band_ndim
-    options = [f"axis={axis - band_ndim} to solve along axis {numpy_axis} of {rhs_name} (size "
+        return from_end
+    numpy_axis = rhs_ndim + from_end
+    options = [f"axis={from_end} to solve along axis {numpy_axis} of {rhs_name} (size "
                f"{rhs_shape[numpy_axis]}), where NumPy's alignment at the right puts the bands' "
                f"axis {axis}"]
     wanted = axis - rhs_ndim  # axis `axis` of the right-hand side, counted from its end
-    if len(band_shape) >= -wanted:
+    if band_ndim >= -wanted:
         options.append(f"axis={wanted} to solve along axis {axis} of {rhs_name} (size "
                        f"{rhs_shape[axis]})")
     else:
-        suggested = band_shape + (1,) * (rhs_ndim - len(band_shape))
+        suggested = bands + (1,) * (rhs_ndim - band_ndim)
         if _broadcasts(suggested, tuple(rhs_shape)) is not None:
-            expand = tuple(range(len(band_shape) - rhs_ndim, 0))
+            expand = tuple(range(band_ndim - rhs_ndim, 0))
             options.append(f"bands of shape {suggested} (jnp.expand_dims(band, "
                            f"{expand[0] if len(expand) == 1 else expand})) and axis={axis} to "
                            f"solve along axis {axis} of {rhs_name} (size {rhs_shape[axis]})")
     raise ValueError(
-        f"{owner} was built with axis={axis} on bands of {band_ndim} dimension"
+        f"{type(owner).__name__} was built with axis={axis} on bands of {band_ndim} dimension"
         f"{'s' if band_ndim > 1 else ''} and is applied "
         f"to {rhs_name} of shape {tuple(rhs_shape)}, which has {rhs_ndim}: a non-negative axis "
         f"could then count in either (axis {axis} of {rhs_name} fits the operator too), and "

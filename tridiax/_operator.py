@@ -13,7 +13,7 @@ from jax.typing import ArrayLike
 
 from . import _backend, _bands, _dispatch
 from ._factorization import TridiagonalFactorization, factor
-from ._inputs import axis_from_end, check_dtype, check_operator_rank, conform, plan_of, read
+from ._inputs import check_dtype, check_operator_rank, conform, operator_axis, plan_of, read
 from ._solve import check_periodic_size, solve
 
 _NAMES = ("lower", "diag", "upper")
@@ -40,15 +40,18 @@ class Tridiagonal(eqx.Module):
       shows both readings (README, "Shapes and axis").
     - `periodic`: cyclic matrices (rings, periodic grids, closed splines).
 
-    Checked in `__check_init__`: floating or complex dtypes, shapes that broadcast, `axis` in
-    range, N >= 3 when periodic.
+    Checked when built: floating or complex dtypes, shapes that broadcast, `axis` in range,
+    N >= 3 when periodic.
 
     **Operations:** `A.mv(x)` (A @ x along `axis`), `A.T`, `A.as_matrix()`, `A.solve(rhs)`,
     `A.factor()` (see `TridiagonalFactorization`), `s * A`, `-A`, `A.shift_diagonal(s)`
     (A + s I) and `A + B`, `A - B` for operators on the same axis. Implicit Euler for
     u_t = L u is `L.scale(-dt).shift_diagonal(1.0).solve(u)`, i.e. (I - dt L) u' = u.
     `jax.jit(A.solve)` (and the other methods) works as for any callable; the bands are then
-    constants of the compiled program, as with `jax.jit(model.__call__)`.
+    constants of the compiled program, as with `jax.jit(model.__call__)`. Inside a function
+    that is itself being traced (A made of tracers), call `A.solve` directly, or use
+    `equinox.filter_jit(A.solve)`: jax.jit's cache compares bound methods by value, which
+    tracers cannot answer.
 
     **Example:**
 
@@ -68,31 +71,29 @@ class Tridiagonal(eqx.Module):
     upper: Array
     axis: int = eqx.field(static=True)
     periodic: bool = eqx.field(static=True)
-    band_ndim: int = eqx.field(static=True)
+    band_shape: tuple[int, ...] = eqx.field(static=True)
 
     def __init__(self, lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, *, axis: int = -1,
                  periodic: bool = False):
         bands, signatures = read(_NAMES, (lower, diag, upper))
-        for name, (_, dtype, _) in zip(_NAMES, signatures, strict=True):
-            check_dtype(name, dtype)  # as given, before JAX's 32-bit mode converts it
-        self.lower, self.diag, self.upper = (jnp.asarray(b) for b in bands)
-        self.axis = axis
-        self.periodic = bool(periodic)
-        self.band_ndim = max(jnp.ndim(b) for b in (self.lower, self.diag, self.upper))
-
-    def __check_init__(self):
-        _, signatures = read(_NAMES, (self.lower, self.diag, self.upper))
-        p = plan_of(signatures, _NAMES, self.axis)
-        if self.periodic:
+        for name, (_, dtype, weak) in zip(_NAMES, signatures, strict=True):
+            check_dtype(name, dtype, weak)  # as given, before JAX's 32-bit mode converts it
+        p = plan_of(signatures, _NAMES, axis)
+        if periodic:
             check_periodic_size(p.shape, p.axis)
+        self.lower, self.diag, self.upper = (jnp.asarray(b) for b in bands)
+        self.axis = int(axis)
+        self.periodic = bool(periodic)
+        self.band_shape = p.shape
 
     __hash__ = _dispatch.structural_hash
+    __array_ufunc__ = None  # numpy_array * A: NumPy defers to __rmul__
 
     @property
     def axis_from_end(self) -> int:
-        """`axis` counted from the end (negative): the same dimension of the bands and of a
+        """The axis counted from the end (negative): the same dimension of the bands and of a
         right-hand side with more leading dimensions."""
-        return axis_from_end(self.axis, self.band_ndim)
+        return operator_axis(self) - self.ndim
 
     # --- shapes -------------------------------------------------------------------------
 
@@ -107,21 +108,32 @@ class Tridiagonal(eqx.Module):
                  for b in (self.lower, self.diag, self.upper)]
         return bands, ndim + self.axis_from_end
 
+    def _axis_for(self, ndim: int) -> int:
+        """This operator's axis for bands of `ndim` dimensions (the same dimension, counted
+        from the end), with the sign it was given (rule 3 of `_inputs.py` reads the sign)."""
+        from_end = self.axis_from_end
+        return from_end + ndim if self.axis >= 0 else from_end
+
     def _with_bands(self, lower, diag, upper) -> Tridiagonal:
-        """An operator on the same axis (the same dimension, counted from the end) with new
-        bands, which may have more leading dimensions than these."""
+        """An operator on the same axis with new bands, which may have more leading
+        dimensions than these."""
         ndim = max(jnp.ndim(b) for b in (lower, diag, upper))
-        axis = self.axis_from_end + ndim if self.axis >= 0 else self.axis
-        return Tridiagonal(lower, diag, upper, axis=axis, periodic=self.periodic)
+        return Tridiagonal(lower, diag, upper, axis=self._axis_for(ndim), periodic=self.periodic)
+
+    def _check_band_like(self, s) -> None:
+        """`s` (for scale, shift_diagonal) broadcasts like a band, by the bands' rule."""
+        names = _NAMES + ("s",)
+        _, signatures = read(names, (self.lower, self.diag, self.upper, s))
+        plan_of(signatures, names, self.axis_from_end)
 
     # --- linear algebra -----------------------------------------------------------------
 
     def mv(self, x: ArrayLike) -> Array:
         """A @ x along `axis` for every system (x broadcasts against the bands)."""
-        check_operator_rank(self, "x", x)
+        from_end = check_operator_rank(self, "x", x)
         names = _NAMES + ("x",)
         values, signatures = read(names, (self.lower, self.diag, self.upper, x))
-        p = plan_of(signatures, names, self.axis_from_end)
+        p = plan_of(signatures, names, from_end)
         return _dispatch.run(_matvec, (p, self.periodic), *values)
 
     @property
@@ -168,13 +180,16 @@ class Tridiagonal(eqx.Module):
     # --- operator algebra (elementwise on the bands; fused by XLA under jit) -------------
 
     def scale(self, s: ArrayLike) -> Tridiagonal:
-        """s * A for a scalar `s` (or an array broadcasting like a band)."""
+        """s * A for a scalar `s` (or an array broadcasting like a band, by the same rule)."""
+        self._check_band_like(s)
         s = jnp.asarray(s)
         return self._with_bands(s * self.lower, s * self.diag, s * self.upper)
 
     def shift_diagonal(self, s: ArrayLike) -> Tridiagonal:
-        """A + s*I for a scalar `s` (or an array broadcasting like a band): only the diagonal
-        changes; lower and upper are the same arrays."""
+        """A + s*I for a scalar `s` (or an array broadcasting like a band, by the same rule:
+        per-row shifts of one matrix shared by the columns of an (N, B) right-hand side have
+        shape (N, 1)): only the diagonal changes; lower and upper are the same arrays."""
+        self._check_band_like(s)
         return self._with_bands(self.lower, self.diag + jnp.asarray(s), self.upper)
 
     def __mul__(self, s):
@@ -207,7 +222,10 @@ class Tridiagonal(eqx.Module):
 def _matvec(call, lower, diag, upper, x):
     p, periodic = call
     lower, diag, upper, x = conform((lower, diag, upper, x), p)
-    return _bands.matvec(lower, diag, upper, x, axis=p.axis, periodic=periodic)
+    # x broadcast to every row first: matvec reads N from x (an x constant along the axis
+    # is still N values).
+    return _bands.matvec(lower, diag, upper, jnp.broadcast_to(x, p.shape), axis=p.axis,
+                         periodic=periodic)
 
 
 class TDMA(eqx.Module):
@@ -252,9 +270,9 @@ class TDMA(eqx.Module):
             raise TypeError("TDMA solves a tridiax.Tridiagonal or TridiagonalFactorization, "
                             f"got {type(operator).__name__}; for lineax operators call "
                             "lineax.linear_solve(operator, vector, solver=tridiax.TDMA()).")
-        check_operator_rank(operator, "rhs", rhs)
+        from_end = check_operator_rank(operator, "rhs", rhs)
         return solve(operator.lower, operator.diag, operator.upper, rhs,
-                     axis=operator.axis_from_end, backend=self.backend,
+                     axis=from_end, backend=self.backend,
                      periodic=operator.periodic, block=self.block, pivoting=self.pivoting,
                      check=self.check)
 
@@ -264,8 +282,8 @@ class TDMA(eqx.Module):
             raise ValueError("factor() stores an unpivoted factorization without a check; with "
                              "pivoting=True or check=True solve with TDMA(...)(operator, rhs) "
                              "each time.")
-        return factor(operator.lower, operator.diag, operator.upper, axis=operator.axis,
-                      band_ndim=operator.band_ndim, periodic=operator.periodic,
+        return factor(operator.lower, operator.diag, operator.upper,
+                      axis=operator._axis_for(operator.ndim), periodic=operator.periodic,
                       backend=self.backend, block=self.block)
 
     # --- the lineax solver interface (lineax.AbstractLinearSolver), used by linear_solve ---

@@ -64,7 +64,9 @@ def solve_tridiagonal(
     spline systems. Otherwise (Helmholtz, convection-dominated upwind schemes, general
     matrices) pass `pivoting=True`. A zero pivot gives inf/NaN in the affected systems only
     (every other system is solved exactly as if it were alone); a tiny one can give a finite,
-    wrong answer, which `check=True` detects.
+    wrong answer, which `check=True` detects when it shows in the normwise backward error (in
+    a badly scaled system, rows differing by many orders of magnitude, it can hide there:
+    pivot, or scale the rows).
 
     **Performance:** the rows of each system are walked in place, whatever the axis: on CPU
     by a C++ kernel (built on first use; an XLA loop where no compiler is found), on GPU by
@@ -116,7 +118,9 @@ def solve_periodic_tridiagonal(
 
     **Numerics:** without pivoting, stable when rows 1..N-1 are diagonally dominant (row 0
     need not be: diag[0] may be zero). With pivoting, accurate for any nonsingular cyclic
-    matrix except, rarely, one whose T' is singular (`check=True` reports it). Gradients
+    matrix whose tridiagonal part T' is nonsingular for the split chosen; some structured
+    matrices have a singular T' for every split (a cyclic shift: lower = 1, diag = upper = 0),
+    and give inf/NaN, which `check=True` reports: solve those densely. Gradients
     w.r.t. all four inputs by implicit differentiation, vmap at any in_axes, as for
     `solve_tridiagonal`.
 
