@@ -26,7 +26,7 @@ The rules (README, "Shapes and axis"), the same for every entry point (`solve_tr
    operator's N rows, or any number of rows for bands constant along the axis), with both
    readings and the fix for each.
 
-Only shapes and dtypes are read here (no device work): `plan` checks a call and returns what
+Only shapes and dtypes are read here (no device work): `plan_of` checks a call and returns what
 the computation needs, `conform` casts and reshapes inside it.
 """
 
@@ -59,7 +59,7 @@ class Plan:
 def as_input(name: str, value):
     """`value` as something with a shape and dtype (JAX or NumPy array, NumPy or Python
     scalar): a list or tuple becomes a NumPy array; anything else is a TypeError naming the
-    argument. Dtypes are checked by `plan`, on the dtype as given: an int64 array is reported
+    argument. Dtypes are checked by `plan_of`, on the dtype as given: an int64 array is reported
     as int64 even where JAX's 32-bit mode would make it int32."""
     if isinstance(value, list | tuple):
         try:
@@ -77,7 +77,7 @@ def as_input(name: str, value):
 
 
 def read(names: Sequence[str], values: Sequence) -> tuple[list, tuple]:
-    """`as_input` of each value, and their signatures (what `plan` reads)."""
+    """`as_input` of each value, and their signatures (what `plan_of` reads)."""
     out, signatures = [], []
     for name, value in zip(names, values, strict=True):
         if isinstance(value, jax.Array):  # the common case, tracers included: no conversion
@@ -90,23 +90,19 @@ def read(names: Sequence[str], values: Sequence) -> tuple[list, tuple]:
 
 
 def signature(value) -> tuple:
-    """What `plan` reads of an input: (shape, dtype, weakly typed)."""
+    """What `plan_of` reads of an input: (shape, dtype, weakly typed)."""
     if isinstance(value, bool | int | float | complex):  # Python scalars are weakly typed
         return (), np.dtype(type(value)), not isinstance(value, bool)
     return tuple(value.shape), np.dtype(value.dtype), bool(getattr(value, "weak_type", False))
 
 
-def plan(values: Sequence, names: Sequence[str], axis, *, along: str = "systems") -> Plan:
-    """Check the arrays of one call (dtypes, axis, alignment, broadcasting) without touching
-    their data; `along` names what lies along the axis in messages: "systems" (tridiagonal
-    solves, which refuse both readings of rule 2) or "time steps" (recurrences, which take
-    NumPy's). Raises TypeError or ValueError naming the argument, the shapes and the fix.
-    Cached by shapes and dtypes, so a repeated call costs a dictionary lookup."""
-    return plan_of(tuple(signature(v) for v in values), names, axis, along=along)
-
-
 def plan_of(signatures: tuple, names: Sequence[str], axis, *, along: str = "systems") -> Plan:
-    """`plan` from the signatures of the values (`read`)."""
+    """Check the arrays of one call, given their signatures (`read`): dtypes, axis, alignment
+    and broadcasting, without touching their data. `along` names what lies along the axis
+    in messages: "systems" (tridiagonal solves) or "time steps" (recurrences, whose
+    coefficients keep NumPy's reading under rule 2). Raises TypeError or ValueError naming
+    the argument, the shapes and the fix. Cached by signatures, so a repeated call costs a
+    dictionary lookup."""
     if not isinstance(axis, int | np.integer) or isinstance(axis, bool | np.bool_):
         raise TypeError(f"axis must be an int, got {type(axis).__name__}.")
     if along not in _ALONG:
@@ -289,12 +285,13 @@ def band_shape(owner) -> tuple[int, ...]:
                                                              owner.upper))))
 
 
-def operator_axis(owner) -> int:
+def operator_axis(owner, now: tuple[int, ...] | None = None) -> int:
     """The axis (>= 0) of an operator's bands as they are now, from the `axis` it was built
     with on bands of shape `owner.band_shape`. Under jax.vmap the bands lose (or, returned
     from it, gain) a dimension; the axis follows its own dimension, found by matching the
-    two shapes, and a vmap over the axis itself or an ambiguous match is an error."""
-    then, now = tuple(owner.band_shape), band_shape(owner)
+    two shapes, and a vmap over the axis itself or an ambiguous match is an error. `now`:
+    `band_shape(owner)`, when the caller has it already."""
+    then, now = tuple(owner.band_shape), band_shape(owner) if now is None else now
     axis = owner.axis % len(then)
     if now == then:
         return axis
@@ -328,7 +325,7 @@ def check_operator_rank(owner, rhs_name: str, rhs) -> int:
     axis, band_shape) applied to the array `rhs`. Returns the axis to solve along, counted
     from the end (the same dimension of the bands and of `rhs`)."""
     bands, rhs_shape = band_shape(owner), np.shape(rhs)
-    axis, band_ndim, rhs_ndim = operator_axis(owner), len(bands), len(rhs_shape)
+    axis, band_ndim, rhs_ndim = operator_axis(owner, bands), len(bands), len(rhs_shape)
     from_end = axis - band_ndim
     if owner.axis < 0 or rhs_ndim <= band_ndim:
         return from_end

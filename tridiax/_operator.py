@@ -13,7 +13,7 @@ from jax.typing import ArrayLike
 
 from . import _backend, _bands, _dispatch
 from ._factorization import TridiagonalFactorization, factor
-from ._inputs import check_dtype, check_operator_rank, conform, operator_axis, plan_of, read
+from ._inputs import band_shape, check_operator_rank, conform, operator_axis, plan_of, read
 from ._solve import check_periodic_size, solve
 
 _NAMES = ("lower", "diag", "upper")
@@ -76,9 +76,7 @@ class Tridiagonal(eqx.Module):
     def __init__(self, lower: ArrayLike, diag: ArrayLike, upper: ArrayLike, *, axis: int = -1,
                  periodic: bool = False):
         bands, signatures = read(_NAMES, (lower, diag, upper))
-        for name, (_, dtype, weak) in zip(_NAMES, signatures, strict=True):
-            check_dtype(name, dtype, weak)  # as given, before JAX's 32-bit mode converts it
-        p = plan_of(signatures, _NAMES, axis)
+        p = plan_of(signatures, _NAMES, axis)  # dtypes as given, before JAX's 32-bit mode
         if periodic:
             check_periodic_size(p.shape, p.axis)
         self.lower, self.diag, self.upper = (jnp.asarray(b) for b in bands)
@@ -93,7 +91,8 @@ class Tridiagonal(eqx.Module):
     def axis_from_end(self) -> int:
         """The axis counted from the end (negative): the same dimension of the bands and of a
         right-hand side with more leading dimensions."""
-        return operator_axis(self) - self.ndim
+        now = band_shape(self)
+        return operator_axis(self, now) - len(now)
 
     # --- shapes -------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from jax import Array, lax
 
 from ._dtypes import compute_dtype
 from ._layout import broadcast_shape
+from ._periodic import is_periodic
 
 
 def _rows(x: Array, start: int, stop: int, axis: int) -> Array:
@@ -71,7 +72,7 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
     out_dtype = rhs.dtype
     cdt = compute_dtype(out_dtype)
     lower, diag, upper, rhs = (x.astype(cdt) for x in (lower, diag, upper, rhs))
-    periodic = kind in ("periodic", "periodic_pivoted")
+    periodic = is_periodic(kind)
     if transposed:
         lower, upper = _transposed_bands(lower, upper, names, devices, axis)
     shape = broadcast_shape(lower, diag, upper, rhs)
@@ -90,7 +91,7 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
     stacked = jnp.stack([jnp.broadcast_to(rhs, shape), jnp.where(index == 0, c_first, 0),
                          jnp.where(index == m - 1, c_last, 0)])
     y, v, w = local_solve(lower[None], diag[None], upper[None], stacked, axis=axis + 1,
-                          kind="pivoted" if kind in ("pivoted", "periodic_pivoted") else "thomas")
+                          kind="pivoted" if kind.endswith("pivoted") else "thomas")
 
     # The 6 boundary numbers of every system, from every block: (P, 6, *batch).
     ends = [jnp.squeeze(row(s, i), axis) for s in (y, v, w) for i in (0, m - 1)]

@@ -14,8 +14,9 @@ gamma = -sign(d[0]) * s with s = max(|d[0]|, |alpha|, |A[0, 1]|) (sign(0) = 1). 
 zero or tiny, and |alpha*beta/gamma| <= |beta|, so row N-1 of T' stays dominant where row
 N-1 of A is. For a diagonally dominant A this is gamma = -d[0], the textbook choice, which
 breaks down on a zero or small d[0]. By the matrix determinant lemma, det T' =
-det A (1 - v^T A^{-1} u): for a nonsingular A, T' is singular only on a set of measure zero
-(then `check=True` reports the systems).
+det A (1 - v^T A^{-1} u): for a nonsingular A, T' is singular only on a set of measure zero,
+which structured matrices can still land on for every split (a cyclic shift); `check=True`
+reports those systems.
 
 The unpivoted periodic kind runs both eliminations of T' in one kernel sweep (every backend
 implements `split` itself: cpu_kernels.cc, `_xla_thomas`, `_pallas_thomas`). With pivoting,
@@ -30,6 +31,11 @@ import numpy as np
 from jax import Array, lax
 
 from . import _bands
+
+
+def is_periodic(kind: str) -> bool:
+    """Whether a kernel kind (`_primitive.py`) solves cyclic systems."""
+    return kind in ("periodic", "periodic_pivoted")
 
 
 def split(d0: Array, alpha: Array, u0: Array) -> Array:

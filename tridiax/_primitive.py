@@ -121,7 +121,7 @@ def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):
                 "a factored solve is differentiated through the bands it was made from "
                 "(TridiagonalFactorization.solve), not through its factors")
         terms.append(-_bands.matvec(lower_t, diag_t, upper_t, x, axis=axis,
-                                    transposed=transposed, periodic=is_periodic(kind)))
+                                    transposed=transposed, periodic=_periodic.is_periodic(kind)))
     if not terms:
         return x, ad.Zero.from_primal_value(x)
     x_t = tridiagonal_solve_p.bind(lower, diag, upper, sum(terms[1:], terms[0]), **params)
@@ -130,9 +130,6 @@ def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):
 
 ad.primitive_jvps[tridiagonal_solve_p] = _jvp
 
-
-def is_periodic(kind: str) -> bool:
-    return kind in ("periodic", "periodic_pivoted")
 
 
 def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):

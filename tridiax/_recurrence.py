@@ -12,7 +12,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from . import _backend, _dispatch
-from ._inputs import as_input, check_dtype, conform, plan_of, read, result_dtype, signature
+from ._inputs import check_dtype, conform, plan_of, read, result_dtype
 from ._recurrence_primitive import recurrence_p
 
 
@@ -24,15 +24,15 @@ def recurrence(a, x, *, axis=0, reverse=False, initial=None, final_only=False, a
     p = plan_of(signatures, names, axis, along="time steps")
     state_shape = p.shape[:p.axis] + p.shape[p.axis + 1:]
     if initial is not None:
-        initial = as_input("initial", initial)
-        check_dtype("initial", *signature(initial)[1:])
+        (initial,), (initial_signature,) = read(("initial",), (initial,))
+        check_dtype("initial", *initial_signature[1:])
         if np.ndim(initial) > len(state_shape) or not _broadcasts(np.shape(initial), state_shape):
             raise ValueError(
                 f"initial has shape {np.shape(initial)}, which does not broadcast to the state "
                 f"shape {state_shape} (the shape {p.shape} without axis {p.axis})."
             )
         p = dataclasses.replace(p, dtype=result_dtype([((), p.dtype, False),
-                                                       signature(initial)]))
+                                                       initial_signature]))
     _backend.check_backend(backend, p.dtype, activation=activation)
     call = (p, bool(reverse), bool(final_only), activation, backend, initial is not None)
     return _dispatch.run(_compute, call, *values, *([] if initial is None else [initial]))

@@ -11,6 +11,7 @@ from jax.typing import ArrayLike
 from . import _backend, _dispatch
 from ._check import BreakdownMessages, count_failures, enforce, messages_for
 from ._inputs import Plan, conform, plan_of, read, x64_enabled
+from ._periodic import is_periodic
 from ._primitive import tridiagonal_solve_p
 
 _NAMES = ("lower", "diag", "upper", "rhs")
@@ -192,7 +193,7 @@ def _compute(call: _SolveCall, *values):
     if not call.check:
         return x
     return x, count_failures(x, *operands, axis=call.plan.axis,
-                             periodic=call.kind.startswith("periodic"))
+                             periodic=is_periodic(call.kind))
 
 
 def check_periodic_size(shape, axis: int) -> None:
