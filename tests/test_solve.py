@@ -195,14 +195,25 @@ def test_empty_batch():
     assert x.shape == (4, 0)
 
 
-def test_compile_time_flat_in_n():
-    # Nothing is unrolled over N: the lowered program has the same size for every N.
-    sizes = []
-    for n in (8, 64, 512):
-        args = [jnp.ones((n, 4))] * 4
-        text = jax.jit(lambda *a: tridiax.solve_tridiagonal(*a, axis=0)).lower(*args).as_text()
-        grad_text = jax.jit(jax.grad(lambda *a: jnp.sum(tridiax.solve_tridiagonal(*a, axis=0)),
-                                     argnums=(0, 1, 2, 3))).lower(*args).as_text()
-        sizes.append(tuple(len(re.sub(rf"(?<=[<x]){n}(?=[x>])", "N", t)) for t in (text, grad_text)))
-    assert max(s[0] for s in sizes) - min(s[0] for s in sizes) < 50, sizes
-    assert max(s[1] for s in sizes) - min(s[1] for s in sizes) < 200, sizes
+def _program_sizes(n, **settings):
+    """Sizes of the lowered solve and its gradient for 4 systems of n rows along axis 0, with
+    every number in the text replaced by one letter (shapes and chunk counts vary with n)."""
+    args = [jax.ShapeDtypeStruct((n, 4), jnp.float32)] * 4
+
+    def f(*a):
+        return solve(*a, axis=0, **settings)
+
+    texts = (jax.jit(f).lower(*args).as_text(),
+             jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2, 3))).lower(*args)
+             .as_text())
+    return tuple(len(re.sub(r"\d+", "N", t)) for t in texts)
+
+
+@pytest.mark.parametrize("settings,sizes", [
+    ({"chunk": 0}, (8, 64, 512, 4096)),  # whole systems
+    ({}, (50_000, 500_000, 5_000_000)),   # chunked by the planner
+])
+def test_compile_time_flat_in_n(settings, sizes):
+    # Nothing is unrolled over N: the lowered program is the same for every N, up to numbers.
+    programs = [_program_sizes(n, **settings) for n in sizes]
+    assert len(set(programs)) == 1, programs

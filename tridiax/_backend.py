@@ -16,7 +16,8 @@ Mosaic GPU and Mosaic TPU kernels slot in here as further names.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +62,20 @@ def check_block(block) -> tuple[int, int] | None:
     return bp, bq
 
 
+def check_chunk(chunk, kind: str | None = None) -> int | None:
+    """`chunk` (rows per chunk of a long system: None lets the planner decide, 0 never
+    chunks) as an int or None; ValueError otherwise, and for a kind that is never chunked."""
+    if chunk is None:
+        return None
+    if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 0 or chunk == 1:
+        raise ValueError(f"chunk must be None, 0 or an int >= 2 (rows per chunk), got {chunk!r}.")
+    if chunk and kind is not None and kind not in ("thomas", "periodic"):
+        raise ValueError(
+            "chunk applies to unpivoted solves: pivoted, pivoted periodic and factored solves "
+            f"sweep each system whole (got chunk={chunk!r} for a {kind} solve); pass chunk=None.")
+    return int(chunk)
+
+
 def check_solver_settings(backend: str | None, block, **flags: bool) -> None:
     """The checks of a solver module's static settings (tridiax.TDMA, tridiax.lineax.TDMA):
     backend, block, and flags such as pivoting=..., check=... that must be booleans."""
@@ -101,13 +116,39 @@ def _triton_params(tiles):
     return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1)
 
 
-def kernel(op: str, backend: str, *, block: tuple[int, int] | None = None):
-    """The function running `op` ("thomas" or "recurrence") on (P|1, N|1, Q|1) operands.
+class Kernels(NamedTuple):
+    """A backend's kernels over (P|1, N|1, Q|1) operands (None where it has none):
 
-    Every backend's module names its entry points alike: `solve_pnq` for the Thomas
-    algorithm, `recurrence_pnq` for recurrences. `block`, a (bp, bq) tile of systems per
-    program, applies to the Pallas kernels; the others choose their own tiling.
-    """
+    - `solve(l, d, u, b, *, transposed, out_dtype, kind, tiling)`: the tridiagonal kinds;
+    - `chunk_ends`, `chunk_solve`: the partition method's sweeps (`_chunked.py`);
+    - `factor(l, d, u, *, out_dtype, tiling)`: the factors of A = L D V;
+    - `recurrence(a, x, h0, *, reverse, shifted, activation, final_only, out_dtype, tiling,
+      chunk=0, gate=None)` and `recurrence_ends`: recurrences and their chunked sweep.
+
+    `tiling` is the planner's tile choice (`_planner.Plan.tiling`)."""
+
+    solve: Callable
+    chunk_ends: Callable | None
+    chunk_solve: Callable | None
+    factor: Callable
+    recurrence: Callable
+    recurrence_ends: Callable | None
+
+
+def _ignoring_tiling(fn):
+    """`fn` called with the planner's arguments it has no use for dropped."""
+
+    def call(*args, tiling=None, chunk=0, gate=None, **kwargs):
+        del tiling
+        if chunk or gate is not None:
+            raise NotImplementedError("this backend runs whole, ungated sweeps only")
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def kernels(backend: str) -> Kernels:
+    """The kernels of `backend` (see BACKENDS)."""
     from ._kernels import (
         _native,
         _pallas_recurrence,
@@ -117,15 +158,27 @@ def kernel(op: str, backend: str, *, block: tuple[int, int] | None = None):
         _xla_thomas,
     )
 
-    entry = {"thomas": "solve_pnq", "recurrence": "recurrence_pnq"}[op]
-    pallas = {"thomas": _pallas_thomas, "recurrence": _pallas_recurrence}[op]
     if backend == "native":
-        return getattr(_native, entry)
+        return Kernels(_native.solve_pnq, _native.chunk_ends_pnq, _native.chunk_solve_pnq,
+                       _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq)
     if backend == "xla":
-        return getattr({"thomas": _xla_thomas, "recurrence": _xla_recurrence}[op], entry)
-    tiles = {} if block is None else {"tiles": _pallas_tiles.Tiles.of_block(*block)}
-    if backend == "pallas_interpret":
-        return functools.partial(getattr(pallas, entry), interpret=True, **tiles)
-    if backend == "pallas_triton":
-        return functools.partial(getattr(pallas, entry), compiler_params=_triton_params, **tiles)
-    raise ValueError(f"unknown backend {backend!r}")
+        return Kernels(_ignoring_tiling(_xla_thomas.solve_pnq), None, None,
+                       _ignoring_tiling(_xla_thomas.factor_pnq),
+                       _ignoring_tiling(_xla_recurrence.recurrence_pnq), None)
+    if backend not in ("pallas_interpret", "pallas_triton"):
+        raise ValueError(f"unknown backend {backend!r}")
+    options = ({"interpret": True} if backend == "pallas_interpret"
+               else {"compiler_params": _triton_params})
+
+    def pallas(fn):
+        def call(*args, tiling=None, chunk=0, gate=None, **kwargs):
+            if chunk or gate is not None:
+                raise NotImplementedError("the Pallas kernels run whole, ungated sweeps only")
+            tiles = {} if tiling is None else {"tiles": _pallas_tiles.Tiles.of_block(*tiling)}
+            return fn(*args, **options, **tiles, **kwargs)
+
+        return call
+
+    return Kernels(pallas(_pallas_thomas.solve_pnq), None, None,
+                   _ignoring_tiling(_xla_thomas.factor_pnq),
+                   pallas(_pallas_recurrence.recurrence_pnq), None)

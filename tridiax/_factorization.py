@@ -29,9 +29,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 from jax.typing import ArrayLike
 
-from . import _backend, _bands, _dispatch, _layout, _periodic, _sharding
+from . import _backend, _bands, _dispatch, _layout, _periodic, _planner, _sharding
 from ._inputs import check_operator_rank, conform, plan_of, read
-from ._kernels import _xla_thomas
 from ._primitive import ShapedArray, def_jit_impl, tridiagonal_solve_p
 from ._solve import check_periodic_size
 
@@ -133,7 +132,7 @@ def _apply_factors(static, factors, rhs):
     axis, periodic, backend, block = static
     l, m, c = factors[:3]
     x = tridiagonal_solve_p.bind(l, m, c, rhs, axis=axis, transposed=False, backend=backend,
-                                 kind="factored", block=block)
+                                 kind="factored", block=block, chunk=0)
     if periodic:
         w, kappa = factors[3:]
         n = x.shape[axis]
@@ -208,22 +207,30 @@ def _factor_abstract_eval(lower, diag, upper, *, axis):
     return [ShapedArray(full, diag.dtype)] * 3
 
 
-def _factor_lowering(lower, diag, upper, *, axis):
-    full = _layout.broadcast_shape(lower, diag, upper)
+def _factor_lowering(platform: str):
+    def factor_bands(lower, diag, upper, *, axis):
+        full = _layout.broadcast_shape(lower, diag, upper)
+        backend = _backend.default_backend(platform, diag.dtype)
+        kernel = _backend.kernels(backend).factor
 
-    def local(*bands):  # the systems one device holds; a split axis is gathered
-        shape = _layout.broadcast_shape(*bands)
-        views = [_layout.to_pnq(x, axis, shape) for x in bands]
-        # The forward elimination without a right-hand side, as an XLA loop on every platform.
-        factors = _xla_thomas.factor_pnq(*views, out_dtype=diag.dtype)
-        return tuple(f.reshape(shape) for f in factors)
+        def local(*bands):  # the systems one device holds; a split axis is gathered
+            shape = _layout.broadcast_shape(*bands)
+            views = [_layout.to_pnq(x, axis, shape) for x in bands]
+            P, N, Q = _layout.broadcast_shape(*views)
+            plan = _planner.factor_plan(backend, P, N, Q, diag.dtype)
+            factors = kernel(*views, out_dtype=diag.dtype, tiling=plan.tiling)
+            return tuple(f.reshape(shape) for f in factors)
 
-    bands = (lower, diag, upper)
-    return _sharding.partitioned(local, [b.shape for b in bands], [full] * 3, axis)(*bands)
+        bands = (lower, diag, upper)
+        return _sharding.partitioned(local, [b.shape for b in bands], [full] * 3,
+                                     axis)(*bands)
+
+    return factor_bands
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
-    _sharding.register_lowering(factor_p, _factor_lowering, _platform, multiple_results=True)
+    _sharding.register_lowering(factor_p, _factor_lowering(_platform), _platform,
+                                multiple_results=True)
 
 
 def _factor_batch(operands, dims, *, axis):

@@ -13,8 +13,9 @@ Why a primitive rather than custom_vjp/custom_linear_solve around a pallas_call:
 
 Operands: four arrays of one dtype and one rank that broadcast together (`_solve.py` checks
 and arranges this). Params: `axis` (non-negative), `transposed`, `backend` (None = per platform,
-see `_backend.py`), `block` (None, or the (bp, bq) tile of systems a Pallas program solves) and
-`kind`:
+see `_backend.py`), `block` (None, or the (bp, bq) tile of systems a Pallas program solves),
+`chunk` (None: the planner decides whether to split long systems into chunks, `_planner.py`;
+0: never; m: chunks of about m rows) and `kind`:
 - "thomas": (lower, diag, upper, rhs), the tridiagonal solve;
 - "periodic": the same operands, with lower[0] and upper[N-1] the corners A[0, N-1] and
   A[N-1, 0] of a cyclic matrix (N >= 3), by Sherman-Morrison in one sweep;
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from . import _backend, _bands, _layout, _partition_method, _periodic, _sharding
+from . import _backend, _bands, _chunked, _layout, _partition_method, _periodic, _planner, _sharding
 
 try:  # public in jax 0.10; guard against its move out of jax.core in later releases
     from jax.core import ShapedArray
@@ -61,18 +62,24 @@ def_jit_impl(tridiagonal_solve_p)
 
 
 @tridiagonal_solve_p.def_abstract_eval
-def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):
-    del transposed, backend, kind, block
+def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block, chunk):
+    del transposed, backend, kind, block, chunk
     shape = _layout.broadcast_shape(lower, diag, upper, rhs)
     return ShapedArray(shape, rhs.dtype)
 
 
 def _lowering(platform: str):
-    def solve(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):
+    def solve(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block, chunk):
         full = _layout.broadcast_shape(lower, diag, upper, rhs)
         if 0 in full:
             return jnp.zeros(full, rhs.dtype)
         backend = backend or _backend.default_backend(platform, rhs.dtype)
+        kernels = _backend.kernels(backend)
+        dtype = rhs.dtype
+
+        def plan(P, N, Q, kind, override):
+            return _planner.solve_plan(backend, platform, P, N, Q, dtype, kind=kind,
+                                       chunk=override, block=block)
 
         def local_solve(*operands, axis, kind, transposed=False):
             """The systems one device holds (all of them when unsharded)."""
@@ -82,8 +89,12 @@ def _lowering(platform: str):
                                                pivoted_solve=pivoted)
             shape = _layout.broadcast_shape(*operands)
             views = [_layout.to_pnq(x, axis, shape) for x in operands]
-            x = _backend.kernel("thomas", backend, block=block)(
-                *views, transposed=transposed, out_dtype=operands[3].dtype, kind=kind)
+            P, N, Q = _layout.broadcast_shape(*views)
+            reduced = "periodic" if kind == "periodic" else "thomas"
+            x = _chunked.solve_any(
+                kernels, *views, plan=plan(P, N, Q, kind, chunk), transposed=transposed,
+                kind=kind, out_dtype=operands[3].dtype,
+                replan=lambda P, C, Q: plan(P, C, Q, reduced, None if chunk != 0 else 0))
             return x.reshape(shape)
 
         split = None if kind == "factored" else functools.partial(
@@ -105,9 +116,10 @@ for _platform in ("cpu", "cuda", "rocm", "tpu"):
     _sharding.register_lowering(tridiagonal_solve_p, _lowering(_platform), _platform)
 
 
-def _jvp(primals, tangents, *, axis, transposed, backend, kind, block):
+def _jvp(primals, tangents, *, axis, transposed, backend, kind, block, chunk):
     lower, diag, upper, rhs = primals
-    params = dict(axis=axis, transposed=transposed, backend=backend, kind=kind, block=block)
+    params = dict(axis=axis, transposed=transposed, backend=backend, kind=kind, block=block,
+                  chunk=chunk)
     x = tridiagonal_solve_p.bind(lower, diag, upper, rhs, **params)
     lower_t, diag_t, upper_t, rhs_t = (
         None if type(t) is ad.Zero else t for t in tangents
@@ -132,14 +144,15 @@ ad.primitive_jvps[tridiagonal_solve_p] = _jvp
 
 
 
-def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind, block):
+def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind, block,
+               chunk):
     if any(ad.is_undefined_primal(band) for band in (lower, diag, upper)):
         raise NotImplementedError("the tridiagonal solve is linear in rhs only")
     if type(x_bar) is ad.Zero:
         return None, None, None, ad.Zero(rhs.aval)
     b_bar = tridiagonal_solve_p.bind(
         lower, diag, upper, x_bar, axis=axis, transposed=not transposed, backend=backend,
-        kind=kind, block=block,
+        kind=kind, block=block, chunk=chunk,
     )
     return None, None, None, _bands.unbroadcast(b_bar, rhs.aval.shape)
 

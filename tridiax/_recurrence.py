@@ -49,7 +49,7 @@ def _compute(call, a, x, *initial):
     else:
         h0 = jnp.zeros((1,) * p.ndim, p.dtype)
     h = recurrence_p.bind(a, x, h0, axis=p.axis, reverse=reverse, shifted=False,
-                          activation=activation, final_only=final_only, backend=backend)
+                          activation=activation, final_only=final_only, backend=backend, chunk=None)
     return jnp.squeeze(h, p.axis) if final_only else h
 
 

@@ -5,7 +5,8 @@ Params: `axis`, `reverse` (run from the end: h[t] = act(a[t]*h[t+1] + x[t])), `s
 state is multiplied by `a` at the previous step's index, zero at the first step: what the
 transpose of a linear recurrence runs), `activation` (None for the linear recurrence, else an
 elementwise function), `final_only` (return only the last state, shape 1 along `axis`),
-`backend` (None = per platform, see `_backend.py`).
+`backend` (None = per platform, see `_backend.py`), `chunk` (None: the planner decides whether
+to split long sequences into chunks, `_planner.py`; 0: never; m: chunks of m steps).
 
 Differentiation (never through the loop):
 - JVP, linear: h' = recurrence(a, x' + a' * h_prev, h0') with the same kernel;
@@ -15,6 +16,13 @@ Differentiation (never through the loop):
   dh[t] = g[t] + a[t+1]*dh[t+1] (the same kernel, `shifted`), and h0_bar = a[first]*dh[first].
   The cotangent of `a` (dh[t] * h[t-1]) follows from the JVP's elementwise product.
 - Batching adds a batch dimension and shifts `axis`, as for the tridiagonal solve.
+
+`gated_recurrence_p` is the linear recurrence the derivatives of a nonlinear one run,
+h[t] = s[t] * (c[t]*h[t-1] + x[t]) with the slope s = act'(.) read from the nonlinear
+recurrence's states (operand `states`, param `gate`: relu or tanh, whose derivative is a function
+of their output). The native kernel computes s inside the sweep, so neither s nor s*a is ever
+written to memory; other backends materialize them. Its transpose is the reverse-time gated
+recurrence z[t] = s[t] * (g[t] + c[t+1]*z[t+1]) with the same gate.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from . import _backend, _bands, _layout, _partition_method, _sharding
+from . import _backend, _bands, _chunked, _layout, _partition_method, _planner, _sharding
 from ._primitive import ShapedArray, def_jit_impl
 
 recurrence_p = Primitive("tridiax_recurrence")
@@ -40,46 +48,71 @@ def _out_shape(full, axis, final_only):
 
 
 @recurrence_p.def_abstract_eval
-def _abstract_eval(a, x, h0, *, axis, final_only, **_):
-    full = _layout.broadcast_shape(a, x, h0)  # h0 has size 1 along axis
+def _abstract_eval(a, x, h0, *states, axis, final_only, **_):
+    full = _layout.broadcast_shape(a, x, h0, *states)  # h0 has size 1 along axis
     return ShapedArray(_out_shape(full, axis, final_only), x.dtype)
 
 
 def _lowering(platform: str):
-    def run(a, x, h0, *, axis, reverse, shifted, activation, final_only, backend):
-        full = _layout.broadcast_shape(a, x, h0)
+    def run(a, x, h0, *states, axis, reverse, shifted, final_only, backend, chunk,
+            activation=None, gate=None):
+        full = _layout.broadcast_shape(a, x, h0, *states)
         out = _out_shape(full, axis, final_only)
         if 0 in full:
             return jnp.zeros(out, x.dtype)
         backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
                                                       op="recurrence")
+        kernels = _backend.kernels(backend)
+        linear = activation is None
+        # The gate's slope computed in the sweep (native kernel), else materialized.
+        in_kernel = backend == "native" and gate in (jax.nn.relu, jnp.tanh)
 
-        def local_recurrence(a, x, h0, *, shifted=False, final_only):
+        def plan(P, T, Q, override):
+            return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
+                                            chunk=override)
+
+        def local_recurrence(a, x, h0, *states, shifted=False, final_only):
             """The sequences one device holds (all of them when unsharded)."""
-            shape = _layout.broadcast_shape(a, x, h0)
+            shape = _layout.broadcast_shape(a, x, h0, *states)
             state = _out_shape(shape, axis, True)
-            h = _backend.kernel("recurrence", backend)(
-                _layout.to_pnq(a, axis, shape), _layout.to_pnq(x, axis, shape),
-                _layout.to_pnq(h0, axis, state), reverse=reverse, shifted=shifted,
-                activation=activation, final_only=final_only, out_dtype=x.dtype)
+            a, x, *states = (_layout.to_pnq(v, axis, shape) for v in (a, x, *states))
+            P, T, Q = _layout.broadcast_shape(a, x, *states)
+            gated = None
+            if states and in_kernel:
+                gated = (states[0], gate)
+            elif states:  # s * c and s * x written out, run ungated
+                slope = _slope(gate, states[0], None)
+                a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
+                x, shifted = slope * x, False
+            h = _chunked.recurrence_any(
+                kernels, a, x, _layout.to_pnq(h0, axis, state), plan=plan(P, T, Q, chunk),
+                reverse=reverse, shifted=shifted, final_only=final_only, gate=gated,
+                activation=activation,
+                replan=lambda P, C, Q: plan(P, C, Q, None if chunk != 0 else 0))
             return h.reshape(_out_shape(shape, axis, final_only))
 
-        def local(a, x, h0):
-            return local_recurrence(a, x, h0, shifted=shifted, final_only=final_only)
+        def local(*operands):
+            return local_recurrence(*operands, shifted=shifted, final_only=final_only)
 
         # A split time axis is run in place for linear recurrences; IndRNN's nonlinear ones
-        # gather it.
-        split = None if activation is not None else functools.partial(
+        # and the gated ones of their derivatives gather it.
+        split = None if activation is not None or states else functools.partial(
             _partition_method.recurrence_split, axis=axis, reverse=reverse, shifted=shifted,
             final_only=final_only, local_recurrence=local_recurrence)
-        return _sharding.partitioned(local, [a.shape, x.shape, h0.shape], [out], axis,
-                                     split=split)(a, x, h0)
+        operands = (a, x, h0, *states)
+        return _sharding.partitioned(local, [v.shape for v in operands], [out], axis,
+                                     split=split)(*operands)
 
     return run
 
 
+gated_recurrence_p = Primitive("tridiax_gated_recurrence")
+def_jit_impl(gated_recurrence_p)
+gated_recurrence_p.def_abstract_eval(_abstract_eval)
+
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
     _sharding.register_lowering(recurrence_p, _lowering(_platform), _platform)
+    _sharding.register_lowering(gated_recurrence_p, _lowering(_platform), _platform)
 
 
 def _first_index(T, reverse):
@@ -127,14 +160,16 @@ def _slope(activation, h, pre):
         from_output = None
     if from_output is not None:
         return from_output(h)
+    if pre is None:
+        raise ValueError(f"no slope from the output of {activation!r}")
     pre = pre()  # recomputed from the stored states: no extra output from the kernel
     return jax.jvp(activation, (pre,), (jnp.ones_like(pre),))[1]
 
 
-def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, backend):
+def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, backend, chunk):
     a, x, h0 = primals
     a_t, x_t, h0_t = (None if type(t) is ad.Zero else t for t in tangents)
-    params = dict(axis=axis, reverse=reverse, backend=backend)
+    params = dict(axis=axis, reverse=reverse, backend=backend, chunk=chunk)
     linear = activation is None
     need_sequence = not linear or a_t is not None
     T = max(a.shape[axis], x.shape[axis])
@@ -154,20 +189,61 @@ def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, b
     x_in = functools.reduce(jnp.add, inputs) if inputs else jnp.zeros_like(x)
     h0_in = jnp.zeros_like(h0) if h0_t is None else h0_t
     if linear:
-        coefficient = a
+        h_t = recurrence_p.bind(a, x_in, h0_in, shifted=shifted, activation=None,
+                                final_only=final_only, **params)
+    elif _gates(activation):
+        h_t = gated_recurrence_p.bind(a, x_in, h0_in, h_seq, shifted=shifted, gate=activation,
+                                      final_only=final_only, **params)
     else:
         slope = _slope(activation, h_seq, lambda: a * h_prev + x)
-        coefficient, x_in = slope * a, slope * x_in
-    h_t = recurrence_p.bind(coefficient, x_in, h0_in, shifted=shifted, activation=None,
-                            final_only=final_only, **params)
+        h_t = recurrence_p.bind(slope * a, slope * x_in, h0_in, shifted=shifted,
+                                activation=None, final_only=final_only, **params)
     return h, h_t
+
+
+def _gates(activation) -> bool:
+    """Whether the derivatives of this activation's recurrence run gated (slope from h)."""
+    try:
+        return activation in _slope_from_output()
+    except TypeError:  # unhashable callable
+        return False
+
+
+def _gated_jvp(primals, tangents, *, axis, reverse, shifted, gate, final_only, backend, chunk):
+    a, x, h0, states = primals
+    params = dict(axis=axis, reverse=reverse, shifted=shifted, gate=gate, final_only=final_only,
+                  backend=backend, chunk=chunk)
+    if type(tangents[0]) is ad.Zero and type(tangents[3]) is ad.Zero:
+        # Linear in x and h0: the same recurrence carries the tangents.
+        h = gated_recurrence_p.bind(*primals, **params)
+        x_t, h0_t = (jnp.zeros_like(p) if type(t) is ad.Zero else t
+                     for p, t in zip((x, h0), tangents[1:3], strict=True))
+        return h, gated_recurrence_p.bind(a, x_t, h0_t, states, **params)
+
+    # Second order through the coefficients or the gate: the materialized formulation.
+    def materialized(a, x, h0, states):
+        T = max(a.shape[axis], x.shape[axis], states.shape[axis])
+        slope = _slope(gate, states, None)
+        coefficient = slope * _coefficients(a, T, axis=axis, reverse=reverse, shifted=shifted)
+        return recurrence_p.bind(coefficient, slope * x, h0, axis=axis, reverse=reverse,
+                                 shifted=False, activation=None, final_only=final_only,
+                                 backend=backend, chunk=chunk)
+
+    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
+                     for p, t in zip(primals, tangents, strict=True))
+    return jax.jvp(materialized, tuple(primals), tangents)
+
+
+ad.primitive_jvps[gated_recurrence_p] = _gated_jvp
 
 
 ad.primitive_jvps[recurrence_p] = _jvp
 
 
-def _transpose(h_bar, a, x, h0, *, axis, reverse, shifted, activation, final_only, backend):
-    if activation is not None or ad.is_undefined_primal(a):
+def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, backend, chunk,
+               activation=None, gate=None):
+    if activation is not None or ad.is_undefined_primal(a) or any(
+            ad.is_undefined_primal(s) for s in states):
         raise NotImplementedError("only the linear recurrence is linear, and only in x and h0")
     x_aval = x.aval if ad.is_undefined_primal(x) else x
     h0_aval = h0.aval if ad.is_undefined_primal(h0) else h0
@@ -180,8 +256,12 @@ def _transpose(h_bar, a, x, h0, *, axis, reverse, shifted, activation, final_onl
         config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
         h_bar = jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
     zero_h0 = jnp.zeros((1,) * h_bar.ndim, h_bar.dtype)
-    g = recurrence_p.bind(a, h_bar, zero_h0, axis=axis, reverse=not reverse, shifted=not shifted,
-                          activation=None, final_only=False, backend=backend)
+    params = dict(axis=axis, reverse=not reverse, shifted=not shifted, final_only=False,
+                  backend=backend, chunk=chunk)
+    if states:  # z[t] = s[t] * (g[t] + c[t+1] z[t+1]): the same gate, the time reversed
+        g = gated_recurrence_p.bind(a, h_bar, zero_h0, *states, gate=gate, **params)
+    else:
+        g = recurrence_p.bind(a, h_bar, zero_h0, activation=None, **params)
     x_ct = _bands.unbroadcast(g, x_aval.shape) if ad.is_undefined_primal(x) else None
     h0_ct = None
     if ad.is_undefined_primal(h0):
@@ -193,15 +273,20 @@ def _transpose(h_bar, a, x, h0, *, axis, reverse, shifted, activation, final_onl
             a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
             g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
             h0_ct = _bands.unbroadcast(a_first * g_first, h0_aval.shape)
-    return None, x_ct, h0_ct
+    return (None, x_ct, h0_ct) + (None,) * len(states)
 
 
 ad.primitive_transposes[recurrence_p] = _transpose
+ad.primitive_transposes[gated_recurrence_p] = _transpose
 
 
-def _batch(operands, dims, *, axis, **params):
-    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
-    return recurrence_p.bind(*moved, axis=axis, **params), bdim
+def _batcher(primitive):
+    def batch(operands, dims, *, axis, **params):
+        moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
+        return primitive.bind(*moved, axis=axis, **params), bdim
+
+    return batch
 
 
-batching.primitive_batchers[recurrence_p] = _batch
+batching.primitive_batchers[recurrence_p] = _batcher(recurrence_p)
+batching.primitive_batchers[gated_recurrence_p] = _batcher(gated_recurrence_p)

@@ -139,11 +139,12 @@ def solve_periodic_tridiagonal(
 
 def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None,
           periodic: bool = False, block=None, pivoting: bool = False,
-          check: bool = False) -> Array:
+          check: bool = False, chunk: int | None = None) -> Array:
     """`solve_tridiagonal` (or, `periodic`, `solve_periodic_tridiagonal`) with a backend
-    override and Pallas block sizes (see `_backend.py`); for tests and modules."""
+    override, Pallas block sizes (see `_backend.py`) and the chunk length of long systems
+    (`_planner.py`); for tests and modules."""
     values, signatures = read(_NAMES, (lower, diag, upper, rhs))
-    args = (signatures, axis, backend, periodic, block, pivoting, check, x64_enabled())
+    args = (signatures, axis, backend, periodic, block, pivoting, check, chunk, x64_enabled())
     try:
         call = _checked_call(*args)
     except TypeError as err:  # an unhashable setting: check it uncached, for its message
@@ -166,11 +167,12 @@ class _SolveCall:
     backend: str | None
     block: tuple[int, int] | None
     check: bool
+    chunk: int | None
     messages: BreakdownMessages | None
 
 
 @functools.lru_cache(maxsize=4096)
-def _checked_call(signatures, axis, backend, periodic, block, pivoting, check,
+def _checked_call(signatures, axis, backend, periodic, block, pivoting, check, chunk,
                   x64) -> _SolveCall:
     """Every check of a call that needs no data, once per signature and settings (and JAX's
     64-bit mode, which `plan_of` reads)."""
@@ -183,13 +185,16 @@ def _checked_call(signatures, axis, backend, periodic, block, pivoting, check,
         "pivoted" if pivoting else "thomas")
     messages = messages_for(p.shape, p.axis, p.dtype, pivoting=bool(pivoting),
                             periodic=periodic) if check else None
-    return _SolveCall(p, kind, backend, _backend.check_block(block), bool(check), messages)
+    chunk = _backend.check_chunk(chunk, kind)
+    return _SolveCall(p, kind, backend, _backend.check_block(block), bool(check), chunk,
+                      messages)
 
 
 def _compute(call: _SolveCall, *values):
     operands = conform(values, call.plan)
     x = tridiagonal_solve_p.bind(*operands, axis=call.plan.axis, transposed=False,
-                                 backend=call.backend, kind=call.kind, block=call.block)
+                                 backend=call.backend, kind=call.kind, block=call.block,
+                                 chunk=call.chunk)
     if not call.check:
         return x
     return x, count_failures(x, *operands, axis=call.plan.axis,

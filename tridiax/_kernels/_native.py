@@ -32,8 +32,15 @@ from .._layout import broadcast_shape
 
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
 _LOG = logging.getLogger("tridiax")
-_THOMAS = "tridiax_thomas_cpu"
-_RECURRENCE = "tridiax_recurrence_cpu"
+# FFI target names and the C++ symbols behind them.
+_TARGETS = {
+    "tridiax_thomas_cpu": "TridiaxThomasCpu",
+    "tridiax_chunk_ends_cpu": "TridiaxChunkEndsCpu",
+    "tridiax_chunk_solve_cpu": "TridiaxChunkSolveCpu",
+    "tridiax_factor_cpu": "TridiaxFactorCpu",
+    "tridiax_recurrence_cpu": "TridiaxRecurrenceCpu",
+    "tridiax_recurrence_ends_cpu": "TridiaxRecurrenceEndsCpu",
+}
 
 
 def _cpu_flags() -> str:
@@ -87,9 +94,9 @@ def available() -> bool:
         return False
     try:
         library = ctypes.cdll.LoadLibrary(str(_library_path()))
-        for target, symbol in ((_THOMAS, library.TridiaxThomasCpu),
-                               (_RECURRENCE, library.TridiaxRecurrenceCpu)):
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
+        for target, symbol in _TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
+                                        platform="cpu")
     except (OSError, RuntimeError) as err:
         warnings.warn(
             f"tridiax: the native CPU kernel is unavailable ({err}); using the slower XLA "
@@ -102,23 +109,69 @@ def available() -> bool:
 
 
 _KINDS = {"thomas": 0, "factored": 1, "periodic": 2, "pivoted": 3}
+_LANES = {"q": 0, "p": 1, "c": 2}
 
 
-def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas"):
-    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q).
-
-    `kind` is "thomas", "factored", "periodic" or "pivoted", as in `_pallas_thomas.solve_pnq`.
-
-    float16/bfloat16 operands are converted to float32 (the kernel computes in float32 or
-    wider) and the result rounded back once.
-    """
+def _require():
     if not available():
         raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
+
+
+def _tile_attrs(tiling) -> dict:
+    """The planner's tile choice (`_planner.CpuTiling`) as FFI attributes."""
+    return dict(lanes=np.int64(_LANES[tiling.lanes]), width=np.int64(tiling.width))
+
+
+def _cast(operands, out_dtype):
     cdt = compute_dtype(out_dtype)
-    operands = [x.astype(cdt) for x in (l, d, u, b)]
+    return [x.astype(cdt) for x in operands], cdt
+
+
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", tiling):
+    """Solve along axis 1 of (P|1, N|1, Q|1) operands with the C++ kernel; returns (P, N, Q).
+
+    `kind` is "thomas", "factored", "periodic" or "pivoted", as in `_pallas_thomas.solve_pnq`;
+    `tiling` the planner's `CpuTiling`. float16/bfloat16 operands are converted to float32
+    (the kernel computes in float32 or wider) and the result rounded back once.
+    """
+    _require()
+    operands, cdt = _cast((l, d, u, b), out_dtype)
     shape = broadcast_shape(*operands)
-    call = jax.ffi.ffi_call(_THOMAS, jax.ShapeDtypeStruct(shape, cdt))
-    return call(*operands, transposed=transposed, kind=np.int64(_KINDS[kind])).astype(out_dtype)
+    call = jax.ffi.ffi_call("tridiax_thomas_cpu", jax.ShapeDtypeStruct(shape, cdt))
+    return call(*operands, transposed=transposed, kind=np.int64(_KINDS[kind]),
+                **_tile_attrs(tiling)).astype(out_dtype)
+
+
+def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling):
+    """The partition method's first sweep (`_chunked.py`): six (P, C, Q) arrays, the
+    contributions of each chunk of `chunk` rows to the reduced system, in the compute dtype."""
+    _require()
+    shape = broadcast_shape(l, d, u, b)
+    P, N, Q = shape
+    out = jax.ShapeDtypeStruct((P, -(-N // chunk), Q), b.dtype)
+    call = jax.ffi.ffi_call("tridiax_chunk_ends_cpu", (out,) * 6)
+    return call(l, d, u, b, transposed=transposed, periodic=periodic, chunk=np.int64(chunk),
+                **_tile_attrs(tiling))
+
+
+def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool, chunk: int,
+                    tiling):
+    """The partition method's last sweep: every chunk's rows, its separators (P, C, Q) known."""
+    _require()
+    shape = broadcast_shape(l, d, u, b)
+    call = jax.ffi.ffi_call("tridiax_chunk_solve_cpu", jax.ShapeDtypeStruct(shape, b.dtype))
+    return call(l, d, u, b, separators, transposed=transposed, periodic=periodic,
+                chunk=np.int64(chunk), **_tile_attrs(tiling))
+
+
+def factor_pnq(l, d, u, *, out_dtype, tiling):
+    """The factors (l, m, c') of A = L D V along axis 1 of (P|1, N|1, Q|1) bands (see
+    `_xla_thomas.factor_sweep`); three (P, N, Q) arrays."""
+    _require()
+    operands, cdt = _cast((l, d, u), out_dtype)
+    out = jax.ShapeDtypeStruct(broadcast_shape(*operands), cdt)
+    call = jax.ffi.ffi_call("tridiax_factor_cpu", (out,) * 3)
+    return tuple(f.astype(out_dtype) for f in call(*operands, **_tile_attrs(tiling)))
 
 
 def _activation_code(activation) -> int | None:
@@ -136,16 +189,41 @@ def supports_recurrence(activation, dtype) -> bool:
     return code is not None and (code == 0 or not jnp.issubdtype(dtype, jnp.complexfloating))
 
 
+def _gate(gate, cdt):
+    """The gate operand and its slope code: (the states, 1 relu / 2 tanh), or a dummy."""
+    if gate is None:
+        return jnp.zeros((1, 1, 1), cdt), np.int64(0)
+    states, activation = gate
+    return states.astype(cdt), np.int64(_activation_code(activation))
+
+
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
-                   out_dtype):
-    """Run along axis 1 of (P|1, T|1, Q|1) operands with the C++ kernel (see _xla_recurrence)."""
-    if not available():
-        raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
-    cdt = compute_dtype(out_dtype)
-    operands = [v.astype(cdt) for v in (a, x, h0)]
-    P, T, Q = broadcast_shape(*operands)  # h0 has T = 1
+                   out_dtype, tiling, chunk: int = 0, gate=None):
+    """Run along axis 1 of (P|1, T|1, Q|1) operands with the C++ kernel (see _xla_recurrence).
+
+    With `chunk`, h0 is (P, C, Q): the state entering each chunk of `chunk` steps. `gate`, if
+    given, is (states, activation): the linear recurrence h = slope(states) * (c h + x) that
+    a nonlinear recurrence's derivatives run (`_recurrence_primitive.py`)."""
+    _require()
+    (a, x, h0), cdt = _cast((a, x, h0), out_dtype)
+    gate_operand, slope = _gate(gate, cdt)
+    P, T, Q = broadcast_shape(a, x, jnp.zeros((1, 1, 1)) if gate is None else gate_operand,
+                              h0[:, :1])
     shape = (P, 1 if final_only else T, Q)
-    call = jax.ffi.ffi_call(_RECURRENCE, jax.ShapeDtypeStruct(shape, cdt))
-    return call(*operands, reverse=reverse, shifted=shifted,
-                activation=np.int64(_activation_code(activation)),
-                final_only=final_only).astype(out_dtype)
+    call = jax.ffi.ffi_call("tridiax_recurrence_cpu", jax.ShapeDtypeStruct(shape, cdt))
+    return call(a, x, h0, gate_operand, reverse=reverse, shifted=shifted,
+                activation=np.int64(_activation_code(activation)), gate=slope,
+                final_only=final_only, chunk=np.int64(chunk),
+                **_tile_attrs(tiling)).astype(out_dtype)
+
+
+def recurrence_ends_pnq(a, x, *, reverse: bool, shifted: bool, chunk: int, tiling, gate=None):
+    """Each chunk of `chunk` steps run from a zero state: (decay, final), two (P, C, Q) arrays:
+    the product of the chunk's coefficients and its final state (`_chunked.py`)."""
+    _require()
+    gate_operand, slope = _gate(gate, x.dtype)
+    P, T, Q = broadcast_shape(a, x, gate_operand)
+    out = jax.ShapeDtypeStruct((P, -(-T // chunk), Q), x.dtype)
+    call = jax.ffi.ffi_call("tridiax_recurrence_ends_cpu", (out, out))
+    return call(a, x, gate_operand, reverse=reverse, shifted=shifted, gate=slope,
+                chunk=np.int64(chunk), **_tile_attrs(tiling))

@@ -1,30 +1,40 @@
-// tridiax's CPU kernels, as XLA FFI custom calls: the Thomas algorithm for many tridiagonal
-// systems (TridiaxThomasCpu) and elementwise recurrences h[t] = act(a[t]*h[t-1] + x[t])
-// (TridiaxRecurrenceCpu).
+// tridiax's CPU kernels, as XLA FFI custom calls: tridiagonal solves (TridiaxThomasCpu), the
+// two sweeps of the in-device partition method (TridiaxChunkEndsCpu, TridiaxChunkSolveCpu), the
+// factorization A = L D V (TridiaxFactorCpu), and elementwise recurrences
+// h[t] = act(a[t]*h[t-1] + x[t]) with their chunked sweep (TridiaxRecurrenceCpu,
+// TridiaxRecurrenceEndsCpu). Same algorithms, band conventions and (P, N, Q) view as the Pallas
+// kernels (_pallas_thomas.py states the kinds; _chunked.py the partition method).
 //
-// Thomas (kind 0), a solve with stored factors (kind 1), a periodic solve (kind 2) and Gaussian
-// elimination with partial pivoting (kind 3): same algorithms, band conventions and (P, N, Q)
-// view as the Pallas kernel (_pallas_thomas.py, which states the kinds). Each operand is a 3-D
-// array (P|1, N|1, Q|1); a size-1 dimension is broadcast (stride 0), so a matrix shared by
-// every column is read, never copied.
+// Lanes and tiles. Each operand is a 3-D array (P|1, N|1, Q|1); a size-1 dimension is broadcast
+// (stride 0), so a matrix shared by every column is read, never copied. A *lane* is one
+// sequential sweep: a system (p, q), or, when the rows are split into chunks of `chunk` rows,
+// one chunk (p, c, q) of it. A *tile* is W lanes swept together, vectorised over the lanes,
+// taken along one dimension that the planner (tridiax/_planner.py) chooses:
+//   Q: lanes are contiguous in memory (rows read and written in place);
+//   P: lanes are systems N*Q values apart;  C: lanes are chunks `chunk*Q` values apart.
+// Strided lanes are moved through a block of 8 rows x W lanes: when each lane's rows are
+// contiguous (Q == 1) by in-register 8x8 transposes, else by scalar gathers. Work rows (c', y',
+// ...) stay in a per-thread scratch of (rows x W) values, so memory sees each input read once
+// and each output written once. Tiles are shared out over std::threads.
 //
-// Work is split into tiles of W systems that are contiguous in memory when the systems run
-// along Q (axis not last), or one system apart when Q is small (axis last). For each row i
-// the tile's W values of every operand are copied into small contiguous buffers (in L1), the
-// elimination runs vectorised over the W systems, and c' and y' stay in a per-thread scratch
-// of N*W values (sized to stay in L2), so memory sees each input read once and x written
-// once. Tiles are shared out over std::threads.
-//
-// Built on first use by tridiax/_native.py against jax.ffi.include_dir().
+// Built on first use by tridiax/_kernels/_native.py against jax.ffi.include_dir(), with
+// -march=native: the transposes use AVX2 where the compiler targets it.
 
 #include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
 #include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -32,22 +42,279 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+constexpr int64_t kBlock = 8;   // rows and lanes of one transpose, the lane granule of a tile
+constexpr int64_t kRows = 16;   // rows per block of strided lanes (a cache line of floats)
+constexpr int64_t kAhead = 256;  // rows a strided lane is prefetched ahead of its reads
+
+// ---------------------------------------------------------------------------------------------
+// Operands and the 8x8 transposes.
+
 struct Operand {
   const void* data;
   int64_t sp, sn, sq;  // element strides along P, N, Q (0 where broadcast)
-  int64_t n;           // rows held (1 if broadcast along the solve axis)
 };
 
-Operand MakeOperand(const ffi::AnyBuffer& buf) {
-  auto d = buf.dimensions();
+Operand MakeOperand(const void* data, ffi::Span<const int64_t> d) {
   Operand op;
-  op.data = buf.untyped_data();
-  op.n = d[1];
+  op.data = data;
   op.sq = d[2] > 1 ? 1 : 0;
   op.sn = d[1] > 1 ? d[2] : 0;
   op.sp = d[0] > 1 ? d[1] * d[2] : 0;
   return op;
 }
+
+Operand MakeOperand(const ffi::AnyBuffer& buf) {
+  return MakeOperand(buf.untyped_data(), buf.dimensions());
+}
+
+// out[r][s] = in[s][r] for r, s < 8, where in[s] = in + s*in_stride and out[r] = out + r*out_stride
+// (strides in elements): 8 lanes' 8 consecutive rows become 8 rows of 8 lanes, or back. Pure
+// data movement, so it goes by element size.
+template <typename T>
+inline __attribute__((always_inline)) void Transpose8(const T* in, int64_t in_stride, T* out,
+                                                      int64_t out_stride) {
+#if defined(__AVX2__)
+  if constexpr (sizeof(T) == 4) {
+    const float* src = reinterpret_cast<const float*>(in);
+    float* dst = reinterpret_cast<float*>(out);
+    __m256 r[8], t[8], u[8];
+    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * in_stride);
+    for (int k = 0; k < 4; ++k) {
+      t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; ++k) {
+      u[4 * k + 0] = _mm256_shuffle_ps(t[4 * k + 0], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k + 0], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_ps(dst + k * out_stride, _mm256_permute2f128_ps(u[k], u[k + 4], 0x20));
+      _mm256_storeu_ps(dst + (k + 4) * out_stride, _mm256_permute2f128_ps(u[k], u[k + 4], 0x31));
+    }
+    return;
+  } else if constexpr (sizeof(T) == 8) {
+    const double* src = reinterpret_cast<const double*>(in);
+    double* dst = reinterpret_cast<double*>(out);
+    for (int rb = 0; rb < 8; rb += 4) {
+      for (int sb = 0; sb < 8; sb += 4) {
+        __m256d r[4];
+        for (int k = 0; k < 4; ++k) r[k] = _mm256_loadu_pd(src + (sb + k) * in_stride + rb);
+        const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
+        const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
+        double* o = dst + rb * out_stride + sb;
+        _mm256_storeu_pd(o, _mm256_permute2f128_pd(t0, t2, 0x20));
+        _mm256_storeu_pd(o + out_stride, _mm256_permute2f128_pd(t1, t3, 0x20));
+        _mm256_storeu_pd(o + 2 * out_stride, _mm256_permute2f128_pd(t0, t2, 0x31));
+        _mm256_storeu_pd(o + 3 * out_stride, _mm256_permute2f128_pd(t1, t3, 0x31));
+      }
+    }
+    return;
+  }
+#endif
+  for (int r = 0; r < 8; ++r) {
+    for (int s = 0; s < 8; ++s) out[r * out_stride + s] = in[s * in_stride + r];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Geometry: which lanes a tile holds.
+
+enum Lanes : int64_t { kLanesQ = 0, kLanesP = 1, kLanesC = 2 };
+
+struct Tile {
+  int64_t p, c, q;  // first lane
+  int64_t lanes;    // dimension the lanes run along
+  int64_t w;        // lanes in this tile
+  int64_t len;      // rows of each lane (all the same within a tile)
+};
+
+// P x C x Q lanes of rows [c*chunk, min((c+1)*chunk, N)). Lanes along C never mix chunk
+// lengths: when the last chunk is short, the full chunks form the main tiles and the last
+// chunks of every system form tail tiles with lanes along P or Q.
+struct Geometry {
+  int64_t P, N, Q, chunk, C, lanes, W;
+  int64_t main_chunks, main_tiles, tail_lanes, tail_tiles;
+
+  Geometry(int64_t P_, int64_t N_, int64_t Q_, int64_t chunk_, int64_t lanes_, int64_t W_)
+      : P(P_), N(N_), Q(Q_), lanes(lanes_), W(std::max<int64_t>(1, W_)) {
+    chunk = chunk_ > 0 ? std::min(chunk_, N) : N;
+    C = (N + chunk - 1) / chunk;
+    main_chunks = C;
+    tail_lanes = kLanesQ;
+    tail_tiles = 0;
+    if (lanes == kLanesC) {
+      if (N % chunk != 0) {
+        main_chunks = C - 1;
+        tail_lanes = P >= Q ? kLanesP : kLanesQ;
+        tail_tiles = tail_lanes == kLanesP ? Q * Blocks(P) : P * Blocks(Q);
+      }
+      main_tiles = P * Q * Blocks(main_chunks);
+    } else if (lanes == kLanesP) {
+      main_tiles = C * Q * Blocks(P);
+    } else {
+      main_tiles = P * C * Blocks(Q);
+    }
+  }
+
+  int64_t Blocks(int64_t n) const { return (n + W - 1) / W; }
+  int64_t tiles() const { return main_tiles + tail_tiles; }
+  int64_t Length(int64_t c) const { return std::min(chunk, N - c * chunk); }
+
+  Tile At(int64_t t) const {
+    Tile tile;
+    if (t >= main_tiles) {  // the short last chunks
+      t -= main_tiles;
+      tile.c = C - 1;
+      tile.lanes = tail_lanes;
+      if (tail_lanes == kLanesP) {
+        tile.q = t / Blocks(P);
+        tile.p = (t % Blocks(P)) * W;
+        tile.w = std::min(W, P - tile.p);
+      } else {
+        tile.p = t / Blocks(Q);
+        tile.q = (t % Blocks(Q)) * W;
+        tile.w = std::min(W, Q - tile.q);
+      }
+    } else if (lanes == kLanesC) {
+      const int64_t blocks = Blocks(main_chunks);
+      tile.p = t / (Q * blocks);
+      tile.q = (t / blocks) % Q;
+      tile.c = (t % blocks) * W;
+      tile.lanes = kLanesC;
+      tile.w = std::min(W, main_chunks - tile.c);
+    } else if (lanes == kLanesP) {
+      const int64_t blocks = Blocks(P);
+      tile.c = t / (Q * blocks);
+      tile.q = (t / blocks) % Q;
+      tile.p = (t % blocks) * W;
+      tile.lanes = kLanesP;
+      tile.w = std::min(W, P - tile.p);
+    } else {
+      const int64_t blocks = Blocks(Q);
+      tile.p = t / (C * blocks);
+      tile.c = (t / blocks) % C;
+      tile.q = (t % blocks) * W;
+      tile.lanes = kLanesQ;
+      tile.w = std::min(W, Q - tile.q);
+    }
+    tile.len = Length(tile.c);
+    return tile;
+  }
+
+  // Element offset of the tile's first lane, relative row 0, and the stride between lanes, in
+  // an array with strides (sp, sn, sq) whose chunks are `rows_per_chunk` rows apart (`chunk`
+  // for the operands, 1 for the (P, C, Q) arrays of one value per chunk).
+  struct Strides { int64_t base, lane; };
+  Strides Of(const Tile& t, int64_t sp, int64_t sn, int64_t sq, int64_t rows_per_chunk) const {
+    const int64_t sc = rows_per_chunk * sn;
+    const int64_t lane = t.lanes == kLanesQ ? sq : t.lanes == kLanesP ? sp : sc;
+    return {t.p * sp + t.c * sc + t.q * sq, lane};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Reading and writing the rows of a tile.
+
+// Rows of one operand for a tile's W lanes: Row(i) points at W values (lanes s < w valid) of
+// relative row i in [0, len). Contiguous lanes are read in place; broadcast ones filled; strided
+// ones moved a block of kRows rows at a time into `buf` (kRows x W values).
+template <typename T>
+class RowReader {
+ public:
+  void Init(const T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t len, T* buf) {
+    base_ = base;
+    lane_ = lane;
+    row_ = row;
+    w_ = w;
+    W_ = W;
+    len_ = len;
+    buf_ = buf;
+    block_ = std::numeric_limits<int64_t>::min();
+    if (lane_ > 1 && row_ == 1) Prefetch(0, kAhead);
+  }
+
+  inline __attribute__((always_inline)) const T* Row(int64_t i) {
+    if (lane_ == 1) return base_ + i * row_;
+    const int64_t b = row_ == 0 ? 0 : i / kRows;
+    if (b != block_) Load(b);
+    return buf_ + (row_ == 0 ? 0 : (i - b * kRows)) * W_;
+  }
+
+  // Value of lane s at relative row i (any i: the caller knows it is inside the array).
+  T At(int64_t s, int64_t i) const { return base_[s * lane_ + i * row_]; }
+
+ private:
+  // Each strided lane is its own stream, more than the hardware prefetchers follow: Load asks
+  // for the lines kAhead rows on (Init for the first kAhead), into L2: a tile's lines ahead
+  // would not fit in L1.
+  void Prefetch(int64_t i0, int64_t rows) const {
+    rows = std::min(rows, len_ - i0);
+    for (int64_t s = 0; s < w_; ++s) {
+      const char* lane = reinterpret_cast<const char*>(base_ + s * lane_ + i0);
+      for (int64_t b = 0; b < rows * static_cast<int64_t>(sizeof(T)); b += 64) {
+        __builtin_prefetch(lane + b, 0, 1);
+      }
+    }
+  }
+
+  void Load(int64_t b) {
+    block_ = b;
+    const int64_t i0 = b * kRows, rows = row_ == 0 ? 1 : std::min(kRows, len_ - i0);
+    if (lane_ == 0) {
+      for (int64_t r = 0; r < rows; ++r) std::fill(buf_ + r * W_, buf_ + r * W_ + w_, At(0, i0 + r));
+      return;
+    }
+    int64_t s0 = 0;
+    if (row_ == 1 && rows == kRows) {
+      Prefetch(i0 + kAhead, kRows);
+      for (; s0 + kBlock <= w_; s0 += kBlock) {
+        for (int64_t r = 0; r < kRows; r += kBlock) {
+          Transpose8(base_ + s0 * lane_ + i0 + r, lane_, buf_ + r * W_ + s0, W_);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      T* dst = buf_ + r * W_;
+      for (int64_t s = s0; s < w_; ++s) dst[s] = At(s, i0 + r);
+    }
+  }
+
+  const T* base_;
+  int64_t lane_, row_, w_, W_, len_;
+  T* buf_;
+  int64_t block_;
+};
+
+// Write rows [i0, i0 + rows) of a (rows x W) scratch `src` (src points at row i0) to lanes
+// laid out as (base, lane stride, row stride).
+template <typename T>
+void StoreRows(T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t i0,
+               int64_t rows, const T* src) {
+  if (lane == 1) {
+    for (int64_t r = 0; r < rows; ++r) std::copy(src + r * W, src + r * W + w, base + (i0 + r) * row);
+    return;
+  }
+  int64_t r0 = 0;
+  if (row == 1) {  // whole 8x8 blocks by transposes, aligned to the relative rows
+    for (; r0 + kBlock <= rows; r0 += kBlock) {
+      int64_t s0 = 0;
+      for (; s0 + kBlock <= w; s0 += kBlock) {
+        Transpose8(src + r0 * W + s0, W, base + s0 * lane + i0 + r0, lane);
+      }
+      for (int64_t r = r0; r < r0 + kBlock; ++r) {
+        for (int64_t s = s0; s < w; ++s) base[s * lane + (i0 + r) * row] = src[r * W + s];
+      }
+    }
+  }
+  for (int64_t r = r0; r < rows; ++r) {
+    for (int64_t s = 0; s < w; ++s) base[s * lane + (i0 + r) * row] = src[r * W + s];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers shared by the kinds.
 
 enum Kind : int64_t { kThomas = 0, kFactored = 1, kPeriodic = 2, kPivoted = 3 };
 
@@ -76,174 +343,342 @@ int64_t Cores() {
   return cores;
 }
 
+// Share a kernel's tiles out over one thread per core, when each gets enough work to pay for
+// starting it. Kernel: tiles(), scratch_size(), Run(begin, end, scratch).
+template <typename T, typename Kernel>
+void RunTiles(const Kernel& kernel, int64_t work) {
+  const int64_t tiles = kernel.tiles();
+  if (tiles == 0) return;
+  const int64_t threads =
+      std::min<int64_t>({Cores(), tiles, std::max<int64_t>(1, work / (1 << 16))});
+  auto run = [&](int64_t id) {
+    // A small scratch is kept by the thread across calls, so a small solve in a time loop
+    // pays no allocation; a large one is allocated uninitialised (every kernel writes its
+    // scratch before reading it) and freed after the call.
+    constexpr int64_t kKept = int64_t{1} << 16;
+    thread_local std::vector<T> kept;
+    std::unique_ptr<T[]> local;
+    T* scratch;
+    if (kernel.scratch_size() <= kKept) {
+      if (static_cast<int64_t>(kept.size()) < kernel.scratch_size()) kept.resize(kKept);
+      scratch = kept.data();
+    } else {
+      local.reset(new T[kernel.scratch_size()]);
+      scratch = local.get();
+    }
+    const int64_t begin = tiles * id / threads, end = tiles * (id + 1) / threads;
+    kernel.Run(begin, end, scratch);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t id = 1; id < threads; ++id) pool.emplace_back(run, id);
+  run(0);
+  for (auto& th : pool) th.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tridiagonal sweeps.
+//
+// Row i of the matrix swept reads sub[i]*x[i-1] + d[i]*x[i] + sup[i]*x[i+1] = b[i]; with
+// `transposed` the transposed matrix is read: sub[i] = upper[i-1], sup[i] = lower[i+1].
+//
+// Modes:
+//   kSolve:  whole systems by one of the kinds (chunk == N).
+//   kEnds:   the partition method's first sweep (tridiax/_chunked.py). Chunk c of rows
+//            [c*m, c*m + n + 1) has interior rows 0..n-1 and its last row n as separator s_c.
+//            With T the interior matrix, y = T^{-1} b, v = T^{-1}(alpha e_1), w = T^{-1}(omega
+//            e_n), where alpha = sub(0) couples row 0 to the previous separator and omega =
+//            sup(n-1) couples row n-1 to s_c, the interior is x = y - v x[s_{c-1}] - w x[s_c].
+//            Substituted into the separator rows, that leaves a tridiagonal system in the
+//            separators, whose rows this sweep writes chunk by chunk (6 arrays (P, C, Q)):
+//              own row s_c:  lower = -sub(n) v_last,  diag1 = d(n) - sub(n) w_last,
+//                            rhs1 = b(n) - sub(n) y_last;
+//              row s_{c-1}:  diag2 = -beta v_first,  upper = -beta w_first,
+//                            rhs2 = -beta y_first,   beta = sup(s_{c-1}).
+//   kChunkSolve: the last sweep: each interior solved again with the separators known,
+//            b[0] -= alpha x[s_{c-1}], b[n-1] -= omega x[s_c]; x[s_c] written as given.
+// Without `periodic`, nothing couples into chunk 0 from before (alpha = beta = 0 there);
+// with it, s_{-1} is the last separator N-1.
+enum Mode : int64_t { kSolve = 0, kEnds = 1, kChunkSolve = 2 };
+
 template <typename T>
 class Solver {
  public:
-  Solver(const Operand* ops, T* out, int64_t P, int64_t N, int64_t Q, bool transposed,
-         int64_t kind)
-      : ops_{ops[0], ops[1], ops[2], ops[3]}, out_(out), P_(P), N_(N), Q_(Q),
-        transposed_(transposed), kind_(kind) {
-    along_q_ = Q_ >= 16;
-    // W systems per tile: enough to vectorise, few enough that the per-thread scratch stays
-    // in cache (measured on a 2-core EPYC, N = 100: 512 along Q, 16 along P were fastest).
-    const int64_t bytes = static_cast<int64_t>(sizeof(T)) * N_;
-    const int64_t columns = kind_ == kPivoted ? 4 : kind_ == kPeriodic ? 3 : 2;
-    // Never fewer than a cache line of systems along Q: for long systems (N above ~65 000)
-    // the scratch no longer fits in L2 whatever W is, and W = 1 made every row a scalar
-    // access 4*Q bytes from the last (30x the memory floor); with a line of systems the
-    // scratch streams through memory instead, at full vector width.
-    const int64_t line = std::max<int64_t>(1, 64 / static_cast<int64_t>(sizeof(T)));
-    int64_t w = along_q_ ? (int64_t{1} << 20) / (columns * bytes)
-                         : std::clamp<int64_t>((int64_t{1} << 16) / (6 * bytes), 1, 16);
-    if (along_q_ && w < line) {
-      // The scratch streams from memory anyway: split Q evenly over the cores, in whole lines.
-      const int64_t share = (Q_ + Cores() - 1) / Cores();
-      w = std::clamp<int64_t>((share + line - 1) / line * line, line, 512);
-    } else if (along_q_) {
-      w = std::min<int64_t>(w, 512);
-    }
-    if (w > 8) w -= w % 8;
-    w_ = std::min<int64_t>(w, along_q_ ? Q_ : P_);
-    tiles_per_line_ = along_q_ ? (Q_ + w_ - 1) / w_ : (P_ + w_ - 1) / w_;
-    tiles_ = tiles_per_line_ * (along_q_ ? P_ : Q_);
+  Solver(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
+         bool transposed, int64_t kind, int64_t mode, bool periodic)
+      : g_(g), outs_{outs[0], outs[1], outs[2], outs[3], outs[4], outs[5]}, transposed_(transposed),
+        kind_(kind), mode_(mode), periodic_(periodic) {
+    for (int k = 0; k < 4; ++k) ops_[k] = ops[k];
+    if (xsep != nullptr) xsep_ = *xsep;
   }
 
-  int64_t tiles() const { return tiles_; }
-  int64_t width() const { return w_; }
-  // Scratch values one thread needs: c', y', z' (periodic) and a fourth row store (pivoted)
-  // (N*W each), 4 row buffers, 3 buffers for periodic corners or the pivoted sweep's state,
-  // gathered operands.
-  int64_t scratch_size() const { return (4 * N_ + 7 + (along_q_ ? 0 : 4 * N_)) * w_; }
+  int64_t tiles() const { return g_.tiles(); }
+  // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, 16 spare rows.
+  int64_t scratch_size() const { return (4 * g_.chunk + 4 * kRows + 16) * g_.W; }
 
-  // Solve tiles [begin, end) with the caller's scratch of scratch_size() values.
   void Run(int64_t begin, int64_t end, T* scratch) const {
-    for (int64_t t = begin; t < end; ++t) SolveTile(t, scratch, t == begin);
+    for (int64_t t = begin; t < end; ++t) SolveTile(g_.At(t), scratch);
   }
 
  private:
-  struct Tile {
-    int64_t p, q, w;       // first system and number of systems
-    T* buf;                // W values for one row of a broadcast or strided operand
-    const T* gathered[4];  // along P: operands copied to (N|1, W) in scratch, else null
-  };
+  const T* Data(int k) const { return static_cast<const T*>(ops_[k].data); }
 
-  // W contiguous values of row i of operand `k` for the tile's systems.
-  const T* Row(int k, int64_t i, Tile& tile, T* buf) const {
-    const Operand& op = ops_[k];
-    if (op.n == 1) i = 0;
-    if (tile.gathered[k] != nullptr) return tile.gathered[k] + i * w_;
-    const T* src = static_cast<const T*>(op.data) + i * op.sn + tile.p * op.sp + tile.q * op.sq;
-    if (op.sq == 1) return src;  // systems contiguous: read in place
-    std::fill(buf, buf + tile.w, *src);  // broadcast along Q
-    return buf;
-  }
-
-  // Along P, the systems of a tile are N*Q values apart: copy each operand's tile into
-  // scratch as (N, W), a transpose in cache. Row by row, the W source lines stay in L1 while
-  // a row of W values is written contiguously.
-  void Gather(int k, Tile& tile, T* dst) const {
-    const Operand& op = ops_[k];
-    const T* base = static_cast<const T*>(op.data) + tile.p * op.sp + tile.q * op.sq;
-    const int64_t w = op.sp == 0 ? w_ : tile.w, sp = op.sp;
-    for (int64_t i = 0; i < op.n; ++i) {
-      const T* src = base + i * op.sn;
-      T* __restrict__ row = dst + i * w_;
-      for (int64_t s = 0; s < w; ++s) row[s] = src[s * sp];
+  void SolveTile(const Tile& tile, T* scratch) const {
+    const int64_t W = g_.W, len = tile.len, w = tile.w;
+    T* c = scratch;
+    T* y = c + len * W;
+    T* z = y + len * W;
+    T* v = z + len * W;
+    T* blocks = v + len * W;
+    T* spare = blocks + 4 * kRows * W;  // 16 rows of W
+    RowReader<T> rd[4];
+    for (int k = 0; k < 4; ++k) {
+      const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
+      rd[k].Init(Data(k) + st.base, st.lane, ops_[k].sn, w, W, len, blocks + k * kRows * W);
     }
-    tile.gathered[k] = dst;
-  }
+    const int kl = transposed_ ? 2 : 0, ku = transposed_ ? 0 : 2;
+    // sub(i), i >= 1, and sup(i), i <= len - 2, inside the tile's rows.
+    auto sub = [&](int64_t i) { return rd[kl].Row(transposed_ ? i - 1 : i); };
+    auto dia = [&](int64_t i) { return rd[1].Row(i); };
+    auto sup = [&](int64_t i) { return rd[ku].Row(transposed_ ? i + 1 : i); };
+    auto rhs = [&](int64_t i) { return rd[3].Row(i); };
 
-  // An operand broadcast along P (and Q, or Q == 1) is the same in every tile: gathered once
-  // per thread, on its first tile.
-  bool SameInEveryTile(int k) const { return ops_[k].sp == 0 && (ops_[k].sq == 0 || Q_ == 1); }
-
-  void SolveTile(int64_t t, T* scratch, bool first_of_thread) const {
-    const int64_t line = t / tiles_per_line_, first = (t % tiles_per_line_) * w_;
-    Tile tile;
-    tile.p = along_q_ ? line : first;
-    tile.q = along_q_ ? first : line;
-    tile.w = std::min(w_, (along_q_ ? Q_ : P_) - first);
-    const int64_t N = N_, W = w_, w = tile.w;
-    T* c = scratch;                    // c'[i*W + s]
-    T* y = c + N * W;                  // y'[i*W + s], then x
-    T* z = y + N * W;                  // periodic: z'[i*W + s], then z
-    T* v = z + N * W;                  // pivoted: 1/pivot[i*W + s]
-    T* bufs = v + N * W;               // 4 row buffers of W, then 3 for corners or state
-    for (int k = 0; k < 4; ++k) tile.gathered[k] = nullptr;
-    if (!along_q_) {
-      T* g = bufs + 7 * W;
-      for (int k = 0; k < 4; ++k) {
-        if (first_of_thread || !SameInEveryTile(k)) {
-          Gather(k, tile, g + k * N * W);
-        } else {
-          tile.gathered[k] = g + k * N * W;
-        }
-      }
+    if (mode_ != kSolve) {
+      Chunk(tile, rd, sub, dia, sup, rhs, c, y, z, spare);
+      return;
     }
-    const int kl = transposed_ ? 2 : 0, kd = 1, ku = transposed_ ? 0 : 2, kb = 3;
-    auto sub = [&](int64_t i) { return Row(kl, transposed_ ? i - 1 : i, tile, bufs); };
-    auto dia = [&](int64_t i) { return Row(kd, i, tile, bufs + W); };
-    auto sup = [&](int64_t i) {
-      return Row(ku, transposed_ ? std::min<int64_t>(i + 1, N - 1) : i, tile, bufs + 2 * W);
-    };
-    auto rhs = [&](int64_t i) { return Row(kb, i, tile, bufs + 3 * W); };
-
     if (kind_ == kFactored) {
-      Factored(sub, dia, sup, rhs, y, W, w);
+      Factored(sub, dia, sup, rhs, y, W, w, len);
     } else if (kind_ == kThomas) {
-      Eliminate(sub, dia, sup, rhs, c, y, W, w);
-      BackSubstitute(c, y, W, w);
+      Eliminate(sub, dia, sup, rhs, nullptr, nullptr, nullptr, c, y, nullptr, nullptr, W, w, len);
+      BackSubstitute(c, y, W, w, len);
     } else if (kind_ == kPivoted) {
-      Pivoted(sub, dia, sup, rhs, bufs + 4 * W, v, c, z, y, W, w);
+      Pivoted(sub, dia, sup, rhs, spare, v, c, z, y, W, w, len);
     } else {
       // Corners of A (A^T when transposed): alpha = A[0, N-1], beta = A[N-1, 0].
-      T* alpha = bufs + 4 * W;
-      T* beta = bufs + 5 * W;
-      const T* lo0 = Row(0, 0, tile, bufs);
+      T* alpha = spare;
+      T* beta = spare + W;
+      const T* lo0 = rd[0].Row(0);
       std::copy(lo0, lo0 + w, transposed_ ? beta : alpha);
-      const T* upn = Row(2, N - 1, tile, bufs);
+      const T* upn = rd[2].Row(len - 1);
       std::copy(upn, upn + w, transposed_ ? alpha : beta);
-      Periodic(sub, dia, sup, rhs, alpha, beta, bufs + 6 * W, c, y, z, W, w);
+      Periodic(sub, dia, sup, rhs, alpha, beta, spare + 2 * W, c, y, z, W, w, len);
     }
-    Scatter(tile, y);
+    const auto st = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+    StoreRows(outs_[0] + st.base, st.lane, g_.Q, w, W, 0, len, y);
   }
 
-  // Thomas: forward elimination into c' and y'; BackSubstitute() then overwrites y' with x.
+  // Thomas forward elimination of rows [0, n): c' into c (c'[n-1] = 0: row n-1's sup is never
+  // read), y' into y. `b0` and `bl`, if given, replace the right-hand sides of rows 0 and n-1
+  // (n >= 2 for `bl`). With `spike` given, z' = T^{-1}(spike e_1) rides along into z; with
+  // `last_r` given, 1/pivot of row n-1 is stored there.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
-  void Eliminate(Sub sub, Dia dia, Sup sup, Rhs rhs, T* c, T* y, int64_t W, int64_t w) const {
+  void Eliminate(Sub sub, Dia dia, Sup sup, Rhs rhs, const T* b0, const T* bl, const T* spike,
+                 T* c, T* y, T* z, T* last_r, int64_t W, int64_t w, int64_t n) const {
     {
-      const T *__restrict__ d0 = dia(0), *__restrict__ u0 = sup(0), *__restrict__ b0 = rhs(0);
+      const T* __restrict__ d0 = dia(0);
+      const T* __restrict__ r0 = b0 != nullptr ? b0 : rhs(0);
+      const T* __restrict__ u0 = n > 1 ? sup(0) : nullptr;
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) {
         const T r = T(1) / d0[s];
-        c[s] = u0[s] * r;
-        y[s] = b0[s] * r;
+        c[s] = n > 1 ? u0[s] * r : T(0);
+        y[s] = r0[s] * r;
+        if (spike != nullptr) z[s] = spike[s] * r;
+        if (n == 1 && last_r != nullptr) last_r[s] = r;
       }
     }
-    for (int64_t i = 1; i < N_; ++i) {
-      const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ u = sup(i),
-                            *__restrict__ b = rhs(i);
+    for (int64_t i = 1; i < n; ++i) {
+      const bool last = i == n - 1;
+      const T *__restrict__ a = sub(i), *__restrict__ d = dia(i);
+      const T* __restrict__ b = last && bl != nullptr ? bl : rhs(i);
       const T* __restrict__ cp = c + (i - 1) * W;
       const T* __restrict__ yp = y + (i - 1) * W;
       T* __restrict__ ci = c + i * W;
       T* __restrict__ yi = y + i * W;
+      if (!last && spike == nullptr) {
+        const T* __restrict__ u = sup(i);
 #pragma GCC ivdep
-      for (int64_t s = 0; s < w; ++s) {
-        const T r = T(1) / (d[s] - a[s] * cp[s]);
-        ci[s] = u[s] * r;
-        yi[s] = (b[s] - a[s] * yp[s]) * r;
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          ci[s] = u[s] * r;
+          yi[s] = (b[s] - a[s] * yp[s]) * r;
+        }
+      } else if (!last) {
+        const T* __restrict__ u = sup(i);
+        const T* __restrict__ zp = z + (i - 1) * W;
+        T* __restrict__ zi = z + i * W;
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          ci[s] = u[s] * r;
+          yi[s] = (b[s] - a[s] * yp[s]) * r;
+          zi[s] = -a[s] * zp[s] * r;
+        }
+      } else {
+        const T* __restrict__ zp = spike != nullptr ? z + (i - 1) * W : nullptr;
+        T* __restrict__ zi = spike != nullptr ? z + i * W : nullptr;
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          ci[s] = T(0);
+          yi[s] = (b[s] - a[s] * yp[s]) * r;
+          if (zi != nullptr) zi[s] = -a[s] * zp[s] * r;
+          if (last_r != nullptr) last_r[s] = r;
+        }
       }
     }
   }
 
-  void BackSubstitute(const T* c, T* y, int64_t W, int64_t w) const {
-    for (int64_t i = N_ - 2; i >= 0; --i) {
+  // x[i] = y'[i] - c'[i] x[i+1] in place in y, from x[n-1] = y'[n-1].
+  void BackSubstitute(const T* c, T* y, int64_t W, int64_t w, int64_t n) const {
+    for (int64_t i = n - 2; i >= 0; --i) {
       const T* __restrict__ ci = c + i * W;
-      const T* __restrict__ xn = y + (i + 1) * W;
       T* __restrict__ yi = y + i * W;
+      const T* __restrict__ yn = y + (i + 1) * W;
 #pragma GCC ivdep
-      for (int64_t s = 0; s < w; ++s) yi[s] -= ci[s] * xn[s];
+      for (int64_t s = 0; s < w; ++s) yi[s] -= ci[s] * yn[s];
     }
+  }
+
+  // The first sweep of the partition method on one tile of chunks: one forward elimination of
+  // the interior rows 0..n-1 carried in registers, nothing stored. The last values of y, v and
+  // w come straight from it (c'[n-1] = 0); their first values x[0] = sum_i pi_i x'[i] with
+  // pi_0 = 1, pi_{i+1} = -pi_i c'[i] (the back substitution unrolled from row 0) accumulate
+  // along, and w' is zero but for omega/pivot in row n-1. |c'| < 1 for the diagonally dominant
+  // matrices the unpivoted partition method is for, so pi decays.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void Ends(const Tile& tile, Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha, const T* beta,
+            const T* omega, T* work) const {
+    const int64_t W = g_.W, w = tile.w, n = tile.len - 1;
+    T* __restrict__ cp = work;  // c'[i-1], y'[i-1], v'[i-1], pi_i, sum pi y', sum pi v'
+    T* __restrict__ yp = work + W;
+    T* __restrict__ vp = work + 2 * W;
+    T* __restrict__ pi = work + 3 * W;
+    T* __restrict__ ys = work + 4 * W;
+    T* __restrict__ vs = work + 5 * W;
+    T* __restrict__ wl = work + 6 * W;
+    {
+      const T *__restrict__ d = dia(0), *__restrict__ b = rhs(0);
+      const T* __restrict__ u = n > 1 ? sup(0) : nullptr;
+      for (int64_t s = 0; s < w; ++s) {
+        const T r = T(1) / d[s];
+        cp[s] = n > 1 ? u[s] * r : T(0);
+        yp[s] = ys[s] = b[s] * r;
+        vp[s] = vs[s] = alpha[s] * r;
+        pi[s] = T(1);
+        wl[s] = omega[s] * r;
+      }
+    }
+    for (int64_t i = 1; i < n; ++i) {
+      const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ b = rhs(i);
+      const T* __restrict__ u = i + 1 < n ? sup(i) : nullptr;
+      if (u != nullptr) {
+#pragma GCC ivdep
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          const T p = -pi[s] * cp[s];
+          const T y = (b[s] - a[s] * yp[s]) * r;
+          const T v = -a[s] * vp[s] * r;
+          cp[s] = u[s] * r;
+          yp[s] = y;
+          vp[s] = v;
+          pi[s] = p;
+          ys[s] += p * y;
+          vs[s] += p * v;
+        }
+      } else {
+        for (int64_t s = 0; s < w; ++s) {
+          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          const T p = -pi[s] * cp[s];
+          const T y = (b[s] - a[s] * yp[s]) * r;
+          const T v = -a[s] * vp[s] * r;
+          yp[s] = y;
+          vp[s] = v;
+          pi[s] = p;
+          ys[s] += p * y;
+          vs[s] += p * v;
+          wl[s] = omega[s] * r;
+        }
+      }
+    }
+    const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
+    T* o = work + 7 * W;  // 6 rows: the reduced system's contributions
+    for (int64_t s = 0; s < w; ++s) {
+      const T wf = pi[s] * wl[s];
+      o[s] = -sn[s] * vp[s];
+      o[W + s] = dn[s] - sn[s] * wl[s];
+      o[2 * W + s] = bn[s] - sn[s] * yp[s];
+      o[3 * W + s] = -beta[s] * vs[s];
+      o[4 * W + s] = -beta[s] * wf;
+      o[5 * W + s] = -beta[s] * ys[s];
+    }
+    const auto st = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
+    for (int k = 0; k < 6; ++k) StoreRows(outs_[k] + st.base, st.lane, g_.Q, w, W, 0, 1, o + k * W);
+  }
+
+  // The partition method's sweeps on one tile of chunks (see Mode). `spare` holds 16 rows.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void Chunk(const Tile& tile, RowReader<T>* rd, Sub sub, Dia dia, Sup sup, Rhs rhs, T* c, T* y,
+             T* z, T* spare) const {
+    const int64_t W = g_.W, w = tile.w, n = tile.len - 1;  // interior rows; row n: separator
+    T* alpha = spare;          // coupling of row 0 to the previous separator
+    T* beta = spare + W;       // the previous separator's sup (its coupling to row 0)
+    T* omega = spare + 2 * W;  // coupling of row n-1 to this chunk's separator
+    // Row -1 of `upper` (the previous separator's row; sub(0) when transposed), per lane: row
+    // N-1 for chunk 0 when periodic, and no coupling at all into chunk 0 otherwise.
+    const Operand& up = ops_[2];
+    const T* up_data = Data(2);
+    for (int64_t s = 0; s < w; ++s) {
+      const int64_t cs = tile.c + (tile.lanes == kLanesC ? s : 0);
+      if (cs == 0 && !periodic_) {
+        alpha[s] = beta[s] = T(0);
+        continue;
+      }
+      const int64_t ps = tile.p + (tile.lanes == kLanesP ? s : 0);
+      const int64_t qs = tile.q + (tile.lanes == kLanesQ ? s : 0);
+      const T up_before =
+          cs == 0 ? up_data[ps * up.sp + (g_.N - 1) * up.sn + qs * up.sq] : rd[2].At(s, -1);
+      const T lower_first = rd[0].At(s, 0);
+      alpha[s] = transposed_ ? up_before : lower_first;  // sub(0): lower[0], or upper[-1]
+      beta[s] = transposed_ ? lower_first : up_before;   // sup(-1): upper[-1], or lower[0]
+    }
+    {
+      const T* om = sup(n - 1);  // upper[n-1], or lower[n] transposed
+      std::copy(om, om + w, omega);
+    }
+    if (mode_ == kEnds) {
+      Ends(tile, sub, dia, sup, rhs, alpha, beta, omega, spare + 3 * W);
+      return;
+    }
+    // kChunkSolve: the separators are known; adjust the end rows' right-hand sides.
+    T* b0 = spare + 3 * W;
+    T* bl = spare + 4 * W;
+    const T* xs = static_cast<const T*>(xsep_.data);
+    {
+      const T* r0 = rhs(0);
+      for (int64_t s = 0; s < w; ++s) {
+        const int64_t cs = tile.c + (tile.lanes == kLanesC ? s : 0);
+        const int64_t ps = tile.p + (tile.lanes == kLanesP ? s : 0);
+        const int64_t qs = tile.q + (tile.lanes == kLanesQ ? s : 0);
+        const int64_t at = ps * xsep_.sp + qs * xsep_.sq;
+        const T xl = cs > 0 ? xs[at + (cs - 1) * xsep_.sn]
+                            : (periodic_ ? xs[at + (g_.C - 1) * xsep_.sn] : T(0));
+        const T xr = xs[at + cs * xsep_.sn];
+        b0[s] = r0[s] - alpha[s] * xl;
+        y[n * W + s] = xr;  // the separator, row n of the output
+        omega[s] *= xr;
+      }
+    }
+    if (n == 1) {
+      for (int64_t s = 0; s < w; ++s) b0[s] -= omega[s];
+    } else {
+      const T* rl = rhs(n - 1);
+      for (int64_t s = 0; s < w; ++s) bl[s] = rl[s] - omega[s];
+    }
+    Eliminate(sub, dia, sup, rhs, b0, n > 1 ? bl : nullptr, nullptr, c, y, nullptr, nullptr, W,
+              w, n);
+    BackSubstitute(c, y, W, w, n);
+    const auto st = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+    StoreRows(outs_[0] + st.base, st.lane, g_.Q, w, W, 0, n + 1, y);
   }
 
   // Gaussian elimination with partial pivoting (row interchanges), as LAPACK's gtsv: at step i
@@ -255,8 +690,7 @@ class Solver {
   // Branch-free, so the W systems of a tile vectorise whichever rows they interchange.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void Pivoted(Sub sub, Dia dia, Sup sup, Rhs rhs, T* state, T* inv, T* u1, T* u2, T* y,
-               int64_t W, int64_t w) const {
-    const int64_t N = N_;
+               int64_t W, int64_t w, int64_t N) const {
     T* __restrict__ pa = state;          // pending row: column i
     T* __restrict__ pc = state + W;      // column i+1
     T* __restrict__ pf = state + 2 * W;  // right-hand side
@@ -320,12 +754,12 @@ class Solver {
   // super-diagonal c'): y[i] = b[i] - l[i]*y[i-1], then x[i] = m[i]*y[i] - c'[i]*x[i+1].
   // Transposed, the accessors read c'[i-1] and l[i+1]: A^T = V^T D L^T is the same sweep.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
-  void Factored(Sub sub, Dia dia, Sup sup, Rhs rhs, T* y, int64_t W, int64_t w) const {
+  void Factored(Sub sub, Dia dia, Sup sup, Rhs rhs, T* y, int64_t W, int64_t w, int64_t N) const {
     {
       const T* b0 = rhs(0);
       std::copy(b0, b0 + w, y);
     }
-    for (int64_t i = 1; i < N_; ++i) {
+    for (int64_t i = 1; i < N; ++i) {
       const T *__restrict__ l = sub(i), *__restrict__ b = rhs(i);
       const T* __restrict__ yp = y + (i - 1) * W;
       T* __restrict__ yi = y + i * W;
@@ -333,12 +767,12 @@ class Solver {
       for (int64_t s = 0; s < w; ++s) yi[s] = b[s] - l[s] * yp[s];
     }
     {
-      const T* __restrict__ m = dia(N_ - 1);
-      T* __restrict__ yl = y + (N_ - 1) * W;
+      const T* __restrict__ m = dia(N - 1);
+      T* __restrict__ yl = y + (N - 1) * W;
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) yl[s] *= m[s];
     }
-    for (int64_t i = N_ - 2; i >= 0; --i) {
+    for (int64_t i = N - 2; i >= 0; --i) {
       const T *__restrict__ m = dia(i), *__restrict__ u = sup(i);
       const T* __restrict__ xn = y + (i + 1) * W;
       T* __restrict__ yi = y + i * W;
@@ -355,8 +789,7 @@ class Solver {
   // backward sweep substitutes both, and x = y - (v.y)/(1 + v.z) z is formed in cache.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void Periodic(Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha, const T* beta, T* kappa,
-                T* c, T* y, T* z, int64_t W, int64_t w) const {
-    const int64_t N = N_;
+                T* c, T* y, T* z, int64_t W, int64_t w, int64_t N) const {
     T* corr = z + (N - 1) * W;  // -alpha*beta/gamma until row N-1 is eliminated
     {
       const T *__restrict__ d0 = dia(0), *__restrict__ u0 = sup(0), *__restrict__ b0 = rhs(0);
@@ -372,8 +805,7 @@ class Solver {
     }
     for (int64_t i = 1; i < N; ++i) {
       const bool last = i == N - 1;
-      const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ u = sup(i),
-                            *__restrict__ b = rhs(i);
+      const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ b = rhs(i);
       const T* __restrict__ cp = c + (i - 1) * W;
       const T* __restrict__ yp = y + (i - 1) * W;
       const T* __restrict__ zp = z + (i - 1) * W;
@@ -381,6 +813,7 @@ class Solver {
       T* __restrict__ yi = y + i * W;
       T* __restrict__ zi = z + i * W;
       if (!last) {
+        const T* __restrict__ u = sup(i);
 #pragma GCC ivdep
         for (int64_t s = 0; s < w; ++s) {
           const T r = T(1) / (d[s] - a[s] * cp[s]);
@@ -421,230 +854,433 @@ class Solver {
     }
   }
 
-  // Write x (N, W) in scratch to the output, each system contiguously when along P.
-  void Scatter(const Tile& tile, const T* x) const {
-    T* base = out_ + tile.p * N_ * Q_ + tile.q;
-    if (along_q_) {
-      for (int64_t i = 0; i < N_; ++i) std::copy(x + i * w_, x + i * w_ + tile.w, base + i * Q_);
-    } else {
-      for (int64_t s = 0; s < tile.w; ++s) {
-        T* dst = base + s * N_ * Q_;
-        for (int64_t i = 0; i < N_; ++i) dst[i * Q_] = x[i * w_ + s];
-      }
-    }
-  }
-
+  Geometry g_;
   Operand ops_[4];
-  T* out_;
-  int64_t P_, N_, Q_;
+  Operand xsep_{};
+  T* outs_[6];
   bool transposed_;
-  int64_t kind_;
-  bool along_q_;
-  int64_t w_, tiles_per_line_, tiles_;
+  int64_t kind_, mode_;
+  bool periodic_;
 };
 
-// Share a kernel's tiles out over one thread per core, when each gets enough work to pay for
-// starting it. Kernel: tiles(), scratch_size(), Run(begin, end, scratch).
-template <typename T, typename Kernel>
-void RunTiles(const Kernel& kernel, int64_t work) {
-  const int64_t tiles = kernel.tiles();
-  const int64_t threads = std::min<int64_t>({Cores(), tiles, std::max<int64_t>(1, work / (1 << 16))});
-  auto run = [&](int64_t id) {
-    // A small scratch is kept by the thread across calls, so a small solve in a time loop
-    // pays no allocation (every kernel writes its scratch before reading it); a large one
-    // is freed after the call.
-    constexpr int64_t kKept = int64_t{1} << 16;
-    thread_local std::vector<T> kept;
-    std::vector<T> local;
-    std::vector<T>& scratch = kernel.scratch_size() <= kKept ? kept : local;
-    if (static_cast<int64_t>(scratch.size()) < kernel.scratch_size()) {
-      scratch.resize(kernel.scratch_size());
-    }
-    const int64_t begin = tiles * id / threads, end = tiles * (id + 1) / threads;
-    kernel.Run(begin, end, scratch.data());
-  };
-  std::vector<std::thread> pool;
-  for (int64_t id = 1; id < threads; ++id) pool.emplace_back(run, id);
-  run(0);
-  for (auto& th : pool) th.join();
+template <typename T>
+void Solve(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
+           bool transposed, int64_t kind, int64_t mode, bool periodic) {
+  RunTiles<T>(Solver<T>(ops, xsep, outs, g, transposed, kind, mode, periodic), g.P * g.N * g.Q);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Writing rows one at a time (recurrences, factors): in place for contiguous lanes, else
+// through a block of kRows rows flushed by transposes, whichever direction the rows go.
 
 template <typename T>
-void Solve(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool transposed,
-           int64_t kind) {
-  RunTiles<T>(Solver<T>(ops, static_cast<T*>(out), P, N, Q, transposed, kind), P * N * Q);
-}
+class RowWriter {
+ public:
+  void Init(T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t len, T* buf) {
+    base_ = base;
+    lane_ = lane;
+    row_ = row;
+    w_ = w;
+    W_ = W;
+    len_ = len;
+    buf_ = buf;
+    block_ = -1;
+  }
 
-// Recurrence: h[t] = act(c[t]*h[prev] + x[t]) over T steps (reversed when `reverse`), with
-// c[t] = a[t], or, when `shifted`, a at the previous step's index and zero at the first step.
-// A tile is W feature columns, contiguous along Q (W = 512) or N*Q apart along P (W = 16, read
-// with a stride; each cache line serves 16 consecutive steps). The state stays in L1.
+  T* Row(int64_t i) {
+    if (lane_ == 1) return base_ + i * row_;
+    const int64_t b = i / kRows;
+    if (b != block_) {
+      Flush();
+      block_ = b;
+    }
+    return buf_ + (i - b * kRows) * W_;
+  }
+
+  void Flush() {
+    if (lane_ == 1 || block_ < 0) return;
+    const int64_t i0 = block_ * kRows;
+    StoreRows(base_, lane_, row_, w_, W_, i0, std::min(kRows, len_ - i0), buf_);
+    block_ = -1;
+  }
+
+ private:
+  T* base_;
+  int64_t lane_, row_, w_, W_, len_;
+  T* buf_;
+  int64_t block_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The factorization A = L D V (tridiax/_factorization.py): l[i] = lower[i]*m[i-1] (l[0] = 0),
+// m[i] = 1/(d[i] - lower[i]*c'[i-1]), c'[i] = upper[i]*m[i] (c'[N-1] = 0): the Thomas forward
+// elimination without a right-hand side, each row written as it is formed.
+
+template <typename T>
+class Factor {
+ public:
+  Factor(const Operand* ops, T* const* outs, const Geometry& g)
+      : g_(g), ops_{ops[0], ops[1], ops[2]}, outs_{outs[0], outs[1], outs[2]} {}
+
+  int64_t tiles() const { return g_.tiles(); }
+  int64_t scratch_size() const { return (6 * kRows + 2) * g_.W; }
+
+  void Run(int64_t begin, int64_t end, T* scratch) const {
+    for (int64_t t = begin; t < end; ++t) FactorTile(g_.At(t), scratch);
+  }
+
+ private:
+  void FactorTile(const Tile& tile, T* scratch) const {
+    const int64_t W = g_.W, w = tile.w, N = tile.len;
+    RowReader<T> rd[3];
+    RowWriter<T> wr[3];
+    for (int k = 0; k < 3; ++k) {
+      const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
+      rd[k].Init(static_cast<const T*>(ops_[k].data) + st.base, st.lane, ops_[k].sn, w, W, N,
+                 scratch + k * kRows * W);
+      const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+      wr[k].Init(outs_[k] + so.base, so.lane, g_.Q, w, W, N, scratch + (3 + k) * kRows * W);
+    }
+    T* __restrict__ mp = scratch + 6 * kRows * W;  // m[i-1]
+    T* __restrict__ cp = mp + W;                     // c'[i-1]
+    for (int64_t i = 0; i < N; ++i) {
+      const T* __restrict__ d = rd[1].Row(i);
+      const T* __restrict__ a = i > 0 ? rd[0].Row(i) : nullptr;
+      const T* __restrict__ u = i + 1 < N ? rd[2].Row(i) : nullptr;
+      T* __restrict__ lo = wr[0].Row(i);
+      T* __restrict__ mo = wr[1].Row(i);
+      T* __restrict__ co = wr[2].Row(i);
+      if (i == 0) {
+        for (int64_t s = 0; s < w; ++s) {
+          const T m = T(1) / d[s];
+          lo[s] = T(0);
+          mo[s] = mp[s] = m;
+          co[s] = cp[s] = u != nullptr ? u[s] * m : T(0);
+        }
+        continue;
+      }
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) {
+        const T m = T(1) / (d[s] - a[s] * cp[s]);
+        lo[s] = a[s] * mp[s];
+        mo[s] = m;
+        const T cn = u != nullptr ? u[s] * m : T(0);
+        co[s] = cn;
+        mp[s] = m;
+        cp[s] = cn;
+      }
+    }
+    for (auto& writer : wr) writer.Flush();
+  }
+
+  Geometry g_;
+  Operand ops_[3];
+  T* outs_[3];
+};
+
+// ---------------------------------------------------------------------------------------------
+// Recurrences: h[t] = act(c[t]*h[prev] + x[t]) over the steps of each lane (reversed when
+// `reverse`), c[t] = a[t] or, when `shifted`, a at the previous step's index (zero at the very
+// first step). With a `gate` g (the states of a nonlinear recurrence), the linear recurrence
+// h[t] = slope(g[t]) * (c[t]*h[prev] + x[t]) that its derivatives run, slope = relu' or tanh'
+// read from the state. Modes: kRun (from an initial state per lane: h0 is (P|1, 1, Q|1), or
+// (P, C, Q) when chunked, one per chunk); kEnds (each chunk from a zero state: its final state
+// and the product of its coefficients, two (P, C, Q) arrays, for the carry fold of _chunked.py).
 enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
+enum RecurrenceMode : int64_t { kRun = 0, kRecurrenceEnds = 1 };
 
 template <typename T>
 class Recurrence {
  public:
-  Recurrence(const Operand* ops, T* out, int64_t P, int64_t T_, int64_t Q, bool reverse,
-             bool shifted, int64_t activation, bool final_only)
-      : a_(ops[0]), x_(ops[1]), h0_(ops[2]), out_(out), P_(P), T_(T_), Q_(Q), reverse_(reverse),
-        shifted_(shifted), activation_(activation), final_only_(final_only) {
-    along_q_ = Q_ >= 16;
-    w_ = std::min<int64_t>(along_q_ ? 512 : 16, along_q_ ? Q_ : P_);
-    tiles_per_line_ = along_q_ ? (Q_ + w_ - 1) / w_ : (P_ + w_ - 1) / w_;
-    tiles_ = tiles_per_line_ * (along_q_ ? P_ : Q_);
-  }
+  Recurrence(const Operand* ops, T* const* outs, const Geometry& g, bool reverse, bool shifted,
+             int64_t activation, int64_t gate, int64_t mode, bool final_only)
+      : g_(g), ops_{ops[0], ops[1], ops[2], ops[3]}, outs_{outs[0], outs[1]}, reverse_(reverse),
+        shifted_(shifted), activation_(activation), gate_(gate), mode_(mode),
+        final_only_(final_only) {}
 
-  int64_t tiles() const { return tiles_; }
-  int64_t scratch_size() const { return 3 * w_; }
+  int64_t tiles() const { return g_.tiles(); }
+  int64_t scratch_size() const { return (4 * kRows + 4) * g_.W; }
 
   void Run(int64_t begin, int64_t end, T* scratch) const {
-    for (int64_t t = begin; t < end; ++t) RunTile(t, scratch);
+    for (int64_t t = begin; t < end; ++t) {
+      const Tile tile = g_.At(t);
+      if constexpr (std::is_floating_point_v<T>) {
+        Dispatch(tile, scratch);
+      } else {
+        Steps<kIdentity, kIdentity>(tile, scratch);
+      }
+    }
   }
 
  private:
-  const T* Row(const Operand& op, int64_t t, int64_t p, int64_t q, int64_t w, T* buf) const {
-    const T* src = static_cast<const T*>(op.data) + (op.n == 1 ? 0 : t) * op.sn + p * op.sp +
-                   q * op.sq;
-    const int64_t stride = along_q_ ? op.sq : op.sp;
-    if (stride == 1) return src;
-    if (stride == 0) {
-      std::fill(buf, buf + w, *src);
+  void Dispatch(const Tile& tile, T* scratch) const {
+    if (gate_ == kRelu) {
+      Steps<kIdentity, kRelu>(tile, scratch);
+    } else if (gate_ == kTanh) {
+      Steps<kIdentity, kTanh>(tile, scratch);
+    } else if (activation_ == kRelu) {
+      Steps<kRelu, kIdentity>(tile, scratch);
+    } else if (activation_ == kTanh) {
+      Steps<kTanh, kIdentity>(tile, scratch);
     } else {
-      for (int64_t s = 0; s < w; ++s) buf[s] = src[s * stride];
-    }
-    return buf;
-  }
-
-  void Store(int64_t t, int64_t p, int64_t q, int64_t w, const T* h) const {
-    const int64_t rows = final_only_ ? 1 : T_;
-    T* dst = out_ + p * rows * Q_ + t * Q_ + q;
-    if (along_q_) {
-      std::copy(h, h + w, dst);
-    } else {
-      for (int64_t s = 0; s < w; ++s) dst[s * rows * Q_] = h[s];
+      Steps<kIdentity, kIdentity>(tile, scratch);
     }
   }
 
-  void RunTile(int64_t tile, T* scratch) const {
-    const int64_t line = tile / tiles_per_line_, first = (tile % tiles_per_line_) * w_;
-    const int64_t p = along_q_ ? line : first, q = along_q_ ? first : line;
-    const int64_t w = std::min(w_, (along_q_ ? Q_ : P_) - first);
-    T* __restrict__ h = scratch;
-    T* abuf = scratch + w_;
-    T* xbuf = abuf + w_;
-    const T* h0 = Row(h0_, 0, p, q, w, xbuf);
-    std::copy(h0, h0 + w, h);
-    for (int64_t k = 0; k < T_; ++k) {
-      const int64_t t = reverse_ ? T_ - 1 - k : k;
-      const T* __restrict__ x = Row(x_, t, p, q, w, xbuf);
-      if (shifted_ && k == 0) {
-#pragma GCC ivdep
-        for (int64_t s = 0; s < w; ++s) h[s] = x[s];
+  // a's row at relative row i of the tile's lanes, outside [0, len): the neighbouring chunk's,
+  // or zero where there is none (the first step of the whole sequence).
+  void Boundary(const Tile& tile, const RowReader<T>& ra, int64_t i, T* dst) const {
+    for (int64_t s = 0; s < tile.w; ++s) {
+      const int64_t cs = tile.c + (tile.lanes == kLanesC ? s : 0);
+      const bool none = i < 0 ? cs == 0 : cs == g_.C - 1;
+      dst[s] = none ? T(0) : ra.At(s, i);
+    }
+  }
+
+  template <int Act, int Gate>
+  void Steps(const Tile& tile, T* scratch) const {
+    const int64_t W = g_.W, w = tile.w, len = tile.len;
+    RowReader<T> rd[3];  // a, x, gate
+    for (int k : {0, 1, 3}) {
+      if (k == 3 && Gate == kIdentity) continue;
+      const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
+      rd[k == 3 ? 2 : k].Init(static_cast<const T*>(ops_[k].data) + st.base, st.lane,
+                              ops_[k].sn, w, W, len, scratch + (k == 3 ? 2 : k) * kRows * W);
+    }
+    T* __restrict__ h = scratch + 4 * kRows * W;
+    T* __restrict__ decay = h + W;
+    T* edge = decay + W;
+    T* ones = edge + W;
+    RowWriter<T> out;
+    const bool ends = mode_ == kRecurrenceEnds;
+    if (!ends && !final_only_) {
+      const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+      out.Init(outs_[0] + so.base, so.lane, g_.Q, w, W, len, scratch + 3 * kRows * W);
+    }
+    if (ends) {
+      std::fill(h, h + w, T(0));
+      std::fill(decay, decay + w, T(1));
+    } else {
+      const Operand& h0 = ops_[2];
+      const auto st = g_.Of(tile, h0.sp, h0.sn, h0.sq, 1);
+      const T* src = static_cast<const T*>(h0.data) + st.base;
+      for (int64_t s = 0; s < w; ++s) h[s] = src[s * st.lane];
+    }
+    if (shifted_) Boundary(tile, rd[0], reverse_ ? len : -1, edge);
+    std::fill(ones, ones + w, T(1));
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t t = reverse_ ? len - 1 - k : k;
+      const T* __restrict__ a;
+      if (!shifted_) {
+        a = rd[0].Row(t);
+      } else if (k == 0) {
+        a = edge;
       } else {
-        const int64_t ta = shifted_ ? (reverse_ ? t + 1 : t - 1) : t;
-        const T* __restrict__ a = Row(a_, ta, p, q, w, abuf);
+        a = rd[0].Row(reverse_ ? t + 1 : t - 1);
+      }
+      const T* __restrict__ x = rd[1].Row(t);
+      const T* __restrict__ g = Gate != kIdentity ? rd[2].Row(t) : ones;
+      T* __restrict__ dst = ends || final_only_ ? nullptr : out.Row(t);
 #pragma GCC ivdep
-        for (int64_t s = 0; s < w; ++s) h[s] = a[s] * h[s] + x[s];
+      for (int64_t s = 0; s < w; ++s) {
+        T v = a[s] * h[s] + x[s];
+        T slope = T(1);
+        if constexpr (std::is_floating_point_v<T>) {
+          if constexpr (Gate == kRelu) slope = g[s] > T(0) ? T(1) : T(0);
+          if constexpr (Gate == kTanh) slope = T(1) - g[s] * g[s];
+          if constexpr (Gate != kIdentity) v *= slope;
+          if constexpr (Act == kRelu) v = v > T(0) ? v : T(0);
+          if constexpr (Act == kTanh) v = std::tanh(v);
+        }
+        h[s] = v;
+        if (dst != nullptr) dst[s] = v;
+        if (ends) decay[s] *= slope * a[s];
       }
-      Activate(h, w);
-      if (!final_only_) Store(t, p, q, w, h);
     }
-    if (final_only_) Store(0, p, q, w, h);
+    if (ends) {
+      const auto so = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
+      StoreRows(outs_[0] + so.base, so.lane, g_.Q, w, W, 0, 1, decay);
+      StoreRows(outs_[1] + so.base, so.lane, g_.Q, w, W, 0, 1, h);
+    } else if (final_only_) {
+      const auto so = g_.Of(tile, g_.Q, 0, 1, 1);
+      StoreRows(outs_[0] + so.base, so.lane, 0, w, W, 0, 1, h);
+    } else {
+      out.Flush();
+    }
   }
 
-  void Activate(T* __restrict__ h, int64_t w) const {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (activation_ == kRelu) {
-        for (int64_t s = 0; s < w; ++s) h[s] = h[s] > T(0) ? h[s] : T(0);
-      } else if (activation_ == kTanh) {
-        for (int64_t s = 0; s < w; ++s) h[s] = std::tanh(h[s]);
-      }
-    }
-  }
-
-  Operand a_, x_, h0_;
-  T* out_;
-  int64_t P_, T_, Q_;
+  Geometry g_;
+  Operand ops_[4];
+  T* outs_[2];
   bool reverse_, shifted_;
-  int64_t activation_;
+  int64_t activation_, gate_, mode_;
   bool final_only_;
-  bool along_q_;
-  int64_t w_, tiles_per_line_, tiles_;
 };
 
-template <typename T>
-void Recur(const Operand* ops, void* out, int64_t P, int64_t N, int64_t Q, bool reverse,
-           bool shifted, int64_t activation, bool final_only) {
-  RunTiles<T>(Recurrence<T>(ops, static_cast<T*>(out), P, N, Q, reverse, shifted, activation,
-                            final_only),
-              P * N * Q);
+// ---------------------------------------------------------------------------------------------
+// FFI entry points.
+
+// Call f.template operator()<T>() for the element type of a buffer; false for other types.
+template <typename F>
+bool ForType(ffi::DataType type, F&& f) {
+  switch (type) {
+    case ffi::DataType::F32: f(float{}); return true;
+    case ffi::DataType::F64: f(double{}); return true;
+    case ffi::DataType::C64: f(std::complex<float>{}); return true;
+    case ffi::DataType::C128: f(std::complex<double>{}); return true;
+    default: return false;
+  }
 }
+
+int64_t Rows(std::initializer_list<const ffi::AnyBuffer*> bufs) {
+  int64_t n = 1;
+  for (const auto* b : bufs) n = std::max(n, b->dimensions()[1]);
+  return n;
+}
+
+ffi::Error Unsupported() { return ffi::Error::InvalidArgument("tridiax: unsupported dtype"); }
 
 ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                       ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> x, bool transposed,
-                      int64_t kind) {
+                      int64_t kind, int64_t lanes, int64_t width) {
   auto dims = x->dimensions();
   if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, N, Q)");
   const int64_t P = dims[0], N = dims[1], Q = dims[2];
   if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
   const Operand ops[4] = {MakeOperand(lower), MakeOperand(diag), MakeOperand(upper),
                           MakeOperand(rhs)};
+  const Geometry g(P, N, Q, 0, lanes, width);
   void* out = x->untyped_data();
-  switch (x->element_type()) {
-    case ffi::DataType::F32: Solve<float>(ops, out, P, N, Q, transposed, kind); break;
-    case ffi::DataType::F64: Solve<double>(ops, out, P, N, Q, transposed, kind); break;
-    case ffi::DataType::C64: Solve<std::complex<float>>(ops, out, P, N, Q, transposed, kind); break;
-    case ffi::DataType::C128: Solve<std::complex<double>>(ops, out, P, N, Q, transposed, kind); break;
-    default: return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
-  }
-  return ffi::Error::Success();
+  const bool ok = ForType(x->element_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* outs[6] = {static_cast<T*>(out)};
+    Solve<T>(ops, nullptr, outs, g, transposed, kind, kSolve, false);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
 }
 
+ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
+                         ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> o0,
+                         ffi::Result<ffi::AnyBuffer> o1, ffi::Result<ffi::AnyBuffer> o2,
+                         ffi::Result<ffi::AnyBuffer> o3, ffi::Result<ffi::AnyBuffer> o4,
+                         ffi::Result<ffi::AnyBuffer> o5, bool transposed, bool periodic,
+                         int64_t lanes, int64_t width, int64_t chunk) {
+  auto dims = o0->dimensions();
+  const int64_t P = dims[0], Q = dims[2], N = Rows({&lower, &diag, &upper, &rhs});
+  if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
+  const Geometry g(P, N, Q, chunk, lanes, width);
+  if (g.C != dims[1] || N % g.chunk == 1 || g.chunk < 2) {
+    return ffi::Error::InvalidArgument("tridiax: every chunk needs >= 2 rows and C outputs");
+  }
+  const Operand ops[4] = {MakeOperand(lower), MakeOperand(diag), MakeOperand(upper),
+                          MakeOperand(rhs)};
+  void* raw[6] = {o0->untyped_data(), o1->untyped_data(), o2->untyped_data(),
+                  o3->untyped_data(), o4->untyped_data(), o5->untyped_data()};
+  const bool ok = ForType(o0->element_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* outs[6];
+    for (int k = 0; k < 6; ++k) outs[k] = static_cast<T*>(raw[k]);
+    Solve<T>(ops, nullptr, outs, g, transposed, kThomas, kEnds, periodic);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
+}
+
+ffi::Error ChunkSolveImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
+                          ffi::AnyBuffer rhs, ffi::AnyBuffer xsep, ffi::Result<ffi::AnyBuffer> x,
+                          bool transposed, bool periodic, int64_t lanes, int64_t width,
+                          int64_t chunk) {
+  auto dims = x->dimensions();
+  const int64_t P = dims[0], N = dims[1], Q = dims[2];
+  if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
+  const Geometry g(P, N, Q, chunk, lanes, width);
+  if (g.C != xsep.dimensions()[1] || N % g.chunk == 1 || g.chunk < 2) {
+    return ffi::Error::InvalidArgument("tridiax: every chunk needs >= 2 rows and C separators");
+  }
+  const Operand ops[4] = {MakeOperand(lower), MakeOperand(diag), MakeOperand(upper),
+                          MakeOperand(rhs)};
+  const Operand sep = MakeOperand(xsep);
+  void* out = x->untyped_data();
+  const bool ok = ForType(x->element_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* outs[6] = {static_cast<T*>(out)};
+    Solve<T>(ops, &sep, outs, g, transposed, kThomas, kChunkSolve, periodic);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
+}
+
+ffi::Error FactorImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
+                      ffi::Result<ffi::AnyBuffer> l, ffi::Result<ffi::AnyBuffer> m,
+                      ffi::Result<ffi::AnyBuffer> c, int64_t lanes, int64_t width) {
+  auto dims = l->dimensions();
+  const int64_t P = dims[0], N = dims[1], Q = dims[2];
+  if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
+  const Operand ops[3] = {MakeOperand(lower), MakeOperand(diag), MakeOperand(upper)};
+  const Geometry g(P, N, Q, 0, lanes, width);
+  void* raw[3] = {l->untyped_data(), m->untyped_data(), c->untyped_data()};
+  const bool ok = ForType(l->element_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* outs[3] = {static_cast<T*>(raw[0]), static_cast<T*>(raw[1]), static_cast<T*>(raw[2])};
+    RunTiles<T>(Factor<T>(ops, outs, g), P * N * Q);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
+}
+
+bool IsComplex(ffi::DataType t) { return t == ffi::DataType::C64 || t == ffi::DataType::C128; }
+
 ffi::Error RecurrenceImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer h0,
-                          ffi::Result<ffi::AnyBuffer> h, bool reverse, bool shifted,
-                          int64_t activation, bool final_only) {
+                          ffi::AnyBuffer gate, ffi::Result<ffi::AnyBuffer> h, bool reverse,
+                          bool shifted, int64_t activation, int64_t gate_slope, bool final_only,
+                          int64_t lanes, int64_t width, int64_t chunk) {
   auto dims = h->dimensions();
   if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, T, Q)");
   const int64_t P = dims[0], Q = dims[2];
-  const int64_t T = std::max(a.dimensions()[1], x.dimensions()[1]);
+  const int64_t T = Rows({&a, &x, &gate});
   if (P == 0 || T == 0 || Q == 0) return ffi::Error::Success();
-  if (activation != kIdentity && (h->element_type() == ffi::DataType::C64 ||
-                                  h->element_type() == ffi::DataType::C128)) {
+  if ((activation != kIdentity || gate_slope != kIdentity) && IsComplex(h->element_type())) {
     return ffi::Error::InvalidArgument("tridiax: activations are for real dtypes");
   }
-  const Operand ops[3] = {MakeOperand(a), MakeOperand(x), MakeOperand(h0)};
-  void* out = h->untyped_data();
-  const auto args = std::make_tuple(reverse, shifted, activation, final_only);
-  switch (h->element_type()) {
-    case ffi::DataType::F32:
-      std::apply([&](auto... r) { Recur<float>(ops, out, P, T, Q, r...); }, args);
-      break;
-    case ffi::DataType::F64:
-      std::apply([&](auto... r) { Recur<double>(ops, out, P, T, Q, r...); }, args);
-      break;
-    case ffi::DataType::C64:
-      std::apply([&](auto... r) { Recur<std::complex<float>>(ops, out, P, T, Q, r...); }, args);
-      break;
-    case ffi::DataType::C128:
-      std::apply([&](auto... r) { Recur<std::complex<double>>(ops, out, P, T, Q, r...); }, args);
-      break;
-    default: return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
+  const Geometry g(P, T, Q, final_only ? 0 : chunk, lanes, width);
+  if (h0.dimensions()[1] != g.C) {
+    return ffi::Error::InvalidArgument("tridiax: one initial state per chunk expected");
   }
-  return ffi::Error::Success();
+  const Operand ops[4] = {MakeOperand(a), MakeOperand(x), MakeOperand(h0), MakeOperand(gate)};
+  void* out = h->untyped_data();
+  const bool ok = ForType(h->element_type(), [&](auto zero) {
+    using E = decltype(zero);
+    E* outs[2] = {static_cast<E*>(out), nullptr};
+    RunTiles<E>(Recurrence<E>(ops, outs, g, reverse, shifted, activation, gate_slope, kRun,
+                              final_only),
+                P * T * Q);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
+}
+
+ffi::Error RecurrenceEndsImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer gate,
+                              ffi::Result<ffi::AnyBuffer> decay, ffi::Result<ffi::AnyBuffer> final,
+                              bool reverse, bool shifted, int64_t gate_slope, int64_t lanes,
+                              int64_t width, int64_t chunk) {
+  auto dims = decay->dimensions();
+  const int64_t P = dims[0], Q = dims[2];
+  const int64_t T = Rows({&a, &x, &gate});
+  if (P == 0 || T == 0 || Q == 0) return ffi::Error::Success();
+  if (gate_slope != kIdentity && IsComplex(decay->element_type())) {
+    return ffi::Error::InvalidArgument("tridiax: activations are for real dtypes");
+  }
+  const Geometry g(P, T, Q, chunk, lanes, width);
+  if (g.C != dims[1]) return ffi::Error::InvalidArgument("tridiax: C outputs expected");
+  const Operand ops[4] = {MakeOperand(a), MakeOperand(x), Operand{}, MakeOperand(gate)};
+  void* raw[2] = {decay->untyped_data(), final->untyped_data()};
+  const bool ok = ForType(decay->element_type(), [&](auto zero) {
+    using E = decltype(zero);
+    E* outs[2] = {static_cast<E*>(raw[0]), static_cast<E*>(raw[1])};
+    RunTiles<E>(Recurrence<E>(ops, outs, g, reverse, shifted, kIdentity, gate_slope,
+                              kRecurrenceEnds, false),
+                P * T * Q);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
 }
 
 }  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceCpu, RecurrenceImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("reverse")
-                                  .Attr<bool>("shifted")
-                                  .Attr<int64_t>("activation")
-                                  .Attr<bool>("final_only"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, ThomasImpl,
                               ffi::Ffi::Bind()
@@ -654,4 +1290,79 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, ThomasImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("transposed")
-                                  .Attr<int64_t>("kind"));
+                                  .Attr<int64_t>("kind")
+                                  .Attr<int64_t>("lanes")
+                                  .Attr<int64_t>("width"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkEndsCpu, ChunkEndsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<bool>("transposed")
+                                  .Attr<bool>("periodic")
+                                  .Attr<int64_t>("lanes")
+                                  .Attr<int64_t>("width")
+                                  .Attr<int64_t>("chunk"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkSolveCpu, ChunkSolveImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<bool>("transposed")
+                                  .Attr<bool>("periodic")
+                                  .Attr<int64_t>("lanes")
+                                  .Attr<int64_t>("width")
+                                  .Attr<int64_t>("chunk"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxFactorCpu, FactorImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("lanes")
+                                  .Attr<int64_t>("width"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceCpu, RecurrenceImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<bool>("reverse")
+                                  .Attr<bool>("shifted")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("gate")
+                                  .Attr<bool>("final_only")
+                                  .Attr<int64_t>("lanes")
+                                  .Attr<int64_t>("width")
+                                  .Attr<int64_t>("chunk"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceEndsCpu, RecurrenceEndsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<bool>("reverse")
+                                  .Attr<bool>("shifted")
+                                  .Attr<int64_t>("gate")
+                                  .Attr<int64_t>("lanes")
+                                  .Attr<int64_t>("width")
+                                  .Attr<int64_t>("chunk"));

@@ -1,0 +1,245 @@
+"""The planner: how each solve, factorization and recurrence runs on its device, in one place.
+
+Kernels receive decisions, they do not make them. Two decisions, one small function each:
+
+- **Chunking** (`solve_chunk`, `recurrence_chunk`): whether the rows (steps) of each system
+  are split into chunks solved as one batch by the partition method (`_chunked.py`), and how
+  long a chunk is. A solve is chunked when its systems cannot keep the device busy (CPU: fewer
+  systems than the cores times the vector lanes; GPU: fewer than its SMs can hold) or, on CPU,
+  when one tile's work rows would not fit in the core's cache. A linear recurrence is chunked
+  only for parallelism (its sweep keeps no work rows). The reduced system of a chunked solve
+  (one row per chunk) is planned again the same way: chunking recurses while it pays.
+- **Tiles** (`cpu_tiling`, `gpu_tiles`): how many systems (lanes) one program or one C++ tile
+  sweeps together, and along which dimension of the (P, C, Q) lanes.
+
+What stays sequential: pivoted, factored and pivoted periodic solves, and nonlinear
+(IndRNN) recurrences are never chunked (README, "Performance"); the planner says so with
+`chunkable`. A user overrides the chunk length with `chunk=` (`tridiax.TDMA(chunk=...)`):
+0 never chunks, an integer asks for chunks of about that many rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._dtypes import compute_dtype
+
+# Kernel kinds whose chunked form exists (the partition method without pivoting).
+CHUNKED_KINDS = ("thomas", "periodic")
+# Backends that run the chunk sweeps.
+CHUNKED_BACKENDS = ("native",)
+# Shortest chunk worth its boundary work; a system shorter than two of them is never split.
+MIN_CHUNK = 16
+# Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
+MIN_CHUNKED_WORK = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTiling:
+    """A C++ tile: `width` lanes along `lanes` ("q": contiguous systems; "p": systems N*Q
+    values apart; "c": chunks of one system)."""
+
+    lanes: str
+    width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one kernel launch runs: `chunk` rows per chunk (0: whole systems) and the backend's
+    tile choice (`CpuTiling` for "native", a Pallas (bp, bq) block or None otherwise)."""
+
+    chunk: int = 0
+    tiling: object = None
+
+
+# ---------------------------------------------------------------------------------------------
+# What this machine has.
+
+
+@functools.cache
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@functools.cache
+def cpu_vector_bytes() -> int:
+    """Width of the vectors the native kernel is built for (-march=native): 64 with AVX-512,
+    32 with AVX2, 16 otherwise."""
+    try:
+        flags = next((line for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), "").split()
+    except OSError:  # pragma: no cover - not Linux
+        return 16
+    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+
+
+@functools.cache
+def cpu_cache_bytes() -> int:
+    """The cache one core's tile should fit in: half its L2 (the rest streams operands)."""
+    for index in ("index2", "index3"):
+        try:
+            text = pathlib.Path(f"/sys/devices/system/cpu/cpu0/cache/{index}/size").read_text()
+        except OSError:
+            continue
+        text = text.strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        value = int(text.rstrip("KM")) * scale
+        return max(1 << 18, value // 2)
+    return 1 << 19
+
+
+def vector_lanes(dtype) -> int:
+    """Values of the compute dtype per vector register (at least 1)."""
+    return max(1, cpu_vector_bytes() // jnp.dtype(compute_dtype(dtype)).itemsize)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunking.
+
+
+def chunkable(kind: str, backend: str) -> bool:
+    """Whether solves of this kernel kind can be chunked on this backend."""
+    return kind in CHUNKED_KINDS and backend in CHUNKED_BACKENDS
+
+
+def valid_chunk(n: int, chunk: int, *, periodic: bool = False) -> int:
+    """The chunk length nearest below `chunk` (at least 2) that the partition method can use
+    for n rows: every chunk then has an interior row before its separator (n % chunk != 1)
+    and a periodic system has at least 3 separators. 0 when none fits."""
+    for m in range(min(chunk, n), 1, -1):
+        count = -(-n // m)
+        if n % m != 1 and count >= (3 if periodic else 2):
+            return m
+    return 0
+
+
+def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
+                platform: str, chunk: int | None = None) -> int:
+    """Rows per chunk for a solve of (P, N, Q) (0: whole systems). `chunk`: the user's
+    override (None: decide; 0: never; m: about m rows)."""
+    if not chunkable(kind, backend) or N < 2 * MIN_CHUNK or chunk == 0:
+        return 0
+    periodic = kind == "periodic"
+    if chunk is not None:
+        return valid_chunk(N, max(int(chunk), 2), periodic=periodic)
+    systems = P * Q
+    itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
+    if platform == "cpu":
+        if systems * N < MIN_CHUNKED_WORK:
+            return 0
+        tiling = cpu_tiling(P, 1, Q, N, dtype, columns=2)
+        wide = systems >= cpu_cores() * 2 * vector_lanes(dtype)
+        fits = 2 * N * tiling.width * itemsize <= cpu_cache_bytes()
+        if wide and fits:
+            return 0
+        # Chunk tiles take whole rows (cpu_tiling), and chunks are as long as the cache holds
+        # their work rows (3 columns) at that width.
+        width = cpu_tiling(P, 2, Q, 1, dtype, columns=3).width
+        target = 2 * cpu_cache_bytes() // (3 * width * itemsize)
+        target = int(np.clip(1 << int(np.log2(max(target, 1))), 64, 4096))
+        # Off a power of two: chunks 2^k values apart would map to one set of the L1 cache.
+        target -= 16
+    else:
+        # GPU: enough lanes to fill every SM several times over.
+        wanted = 132 * 128 * 4
+        if systems >= wanted:
+            return 0
+        target = int(np.clip(N * systems // wanted, MIN_CHUNK, 1024))
+    if N < 2 * target:
+        target = max(MIN_CHUNK, N // 2)
+    return valid_chunk(N, target, periodic=periodic)
+
+
+def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: str,
+                     platform: str, chunk: int | None = None) -> int:
+    """Steps per chunk for a recurrence over (P, T, Q) (0: whole sequences). Chunking re-reads
+    the inputs once (5 array passes instead of 3), so only a lack of parallelism pays for it."""
+    if not linear or backend not in CHUNKED_BACKENDS or T < 2 * MIN_CHUNK or chunk == 0:
+        return 0
+    if chunk is not None:
+        return max(2, min(int(chunk), T))
+    lanes = P * Q
+    if platform == "cpu":
+        if lanes * T < MIN_CHUNKED_WORK:
+            return 0
+        needed = cpu_cores() * 2 * vector_lanes(dtype)
+    else:
+        needed = 132 * 128 * 4
+    if lanes >= needed:
+        return 0
+    # Enough chunks for every core's tiles, several times over; long enough that a chunk's
+    # boundary work is negligible.
+    count = -(-needed * 8 // lanes)
+    return max(min(T, 256), T // count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiles.
+
+
+def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2) -> CpuTiling:
+    """The C++ kernel's tile for P x C x Q lanes of `rows` rows, keeping `columns` work rows
+    per lane: contiguous lanes along Q when Q fills a vector, else strided lanes (along P, or
+    along the chunks when there are few systems) in blocks of two vectors."""
+    L = vector_lanes(dtype)
+    itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
+    cores = cpu_cores()
+    if Q >= L:
+        # Whole systems: as many as keep the work rows in cache (at least a cache line of
+        # them). Chunks: whole rows, up to 512 (reading part of each row was 2x slower); the
+        # planner sized the chunks for it.
+        fit = cpu_cache_bytes() // max(1, columns * rows * itemsize) if C == 1 else 512
+        width = int(np.clip(fit, 64 // itemsize, 512))
+        width = min(width, -(-Q // 8) * 8)
+        if P * C * -(-Q // width) < cores:  # split Q over the cores
+            width = max(64 // itemsize, -(-Q // cores))
+        width = max(8, width - width % 8)
+        return CpuTiling("q", width)
+    # Strided lanes: two vectors (latency of the division chain hidden, few streams). Chunks
+    # of one system lie next to each other: their streams share pages, so chunked sweeps
+    # take their lanes along the chunks.
+    width = max(8, 2 * L)
+    return CpuTiling("c" if C > 1 else "p", width)
+
+
+def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, kind: str,
+               chunk: int | None = None, block=None) -> Plan:
+    """The plan of one solve of (P, N, Q) systems."""
+    m = solve_chunk(P, N, Q, dtype, kind=kind, backend=backend, platform=platform, chunk=chunk)
+    C = -(-N // m) if m else 1
+    rows = m or N
+    columns = {"thomas": 2, "factored": 1, "periodic": 3, "pivoted": 4}.get(kind, 2)
+    return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=3 if m else columns,
+                           block=block))
+
+
+def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, *, linear: bool,
+                    chunk: int | None = None, block=None) -> Plan:
+    """The plan of one recurrence over (P, T, Q)."""
+    m = recurrence_chunk(P, T, Q, dtype, linear=linear, backend=backend, platform=platform,
+                         chunk=chunk)
+    C = -(-T // m) if m else 1
+    return Plan(m, _tiling(backend, P, C, Q, m or T, dtype, columns=0, block=block))
+
+
+def factor_plan(backend: str, P: int, N: int, Q: int, dtype) -> Plan:
+    """The plan of one factorization (never chunked: each row is written as it is formed)."""
+    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0))
+
+
+def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None):
+    if backend == "native":
+        return cpu_tiling(P, C, Q, rows, dtype, columns=columns)
+    if backend.startswith("pallas"):
+        return block
+    return None
