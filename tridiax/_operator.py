@@ -241,6 +241,12 @@ class TDMA(eqx.Module):
       not diagonally dominant; see `tridiax.solve_tridiagonal` (periodic operators:
       `tridiax.solve_periodic_tridiagonal`).
     - `check`: raise an error counting the systems that failed (`tridiax.solve_tridiagonal`).
+    - `chunk`: how long systems are split (README, "Performance"). None lets the planner
+      decide from the shape, dtype and device (few long systems are split into chunks solved
+      as one batch by the partition method); 0 never splits; an int >= 2 asks for chunks of
+      about that many rows. Chunking needs every chunk's interior matrix nonsingular, which
+      diagonally dominant and symmetric positive definite matrices guarantee; pivoted solves
+      are never chunked (a chunk with pivoting=True is an error).
 
     `operator` is a `tridiax.Tridiagonal` (periodic or not) or a `TridiagonalFactorization`
     (then the backend and block it was made with apply).
@@ -254,16 +260,19 @@ class TDMA(eqx.Module):
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
     pivoting: bool = eqx.field(static=True, default=False)
     check: bool = eqx.field(static=True, default=False)
+    chunk: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         _backend.check_solver_settings(self.backend, self.block, pivoting=self.pivoting,
                                        check=self.check)
+        _backend.check_chunk(self.chunk, "pivoted" if self.pivoting else None)
 
     def __call__(self, operator, rhs: ArrayLike) -> Array:
         if isinstance(operator, TridiagonalFactorization):
-            if self.pivoting or self.check:
-                raise ValueError("a TridiagonalFactorization has no pivoting or check settings; "
-                                 "solve the Tridiagonal operator instead.")
+            if self.pivoting or self.check or self.chunk:
+                raise ValueError("a TridiagonalFactorization has no pivoting, check or chunk "
+                                 "settings (its solve sweeps each system whole); solve the "
+                                 "Tridiagonal operator instead.")
             return operator.solve(rhs)
         if not isinstance(operator, Tridiagonal):
             raise TypeError("TDMA solves a tridiax.Tridiagonal or TridiagonalFactorization, "
@@ -273,7 +282,7 @@ class TDMA(eqx.Module):
         return solve(operator.lower, operator.diag, operator.upper, rhs,
                      axis=from_end, backend=self.backend,
                      periodic=operator.periodic, block=self.block, pivoting=self.pivoting,
-                     check=self.check)
+                     check=self.check, chunk=self.chunk)
 
     def factor(self, operator: Tridiagonal) -> TridiagonalFactorization:
         """`operator.factor()` with this solver's backend and block sizes (unpivoted)."""

@@ -51,15 +51,17 @@ class TDMA(lx.AbstractLinearSolver):
     runs one batched kernel. `tridiax.TDMA()` works with `lineax.linear_solve` in the same
     way; this class also subclasses `lineax.AbstractLinearSolver`, for code that checks.
 
-    **Fields** (static): `backend`, `block` and `pivoting` as in `tridiax.TDMA`.
+    **Fields** (static): `backend`, `block`, `pivoting` and `chunk` as in `tridiax.TDMA`.
     """
 
     backend: str | None = eqx.field(static=True, default=None)
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
     pivoting: bool = eqx.field(static=True, default=False)
+    chunk: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         _backend.check_solver_settings(self.backend, self.block, pivoting=self.pivoting)
+        _backend.check_chunk(self.chunk, "pivoted" if self.pivoting else None)
 
     def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
         return init_state(self, operator)
@@ -106,7 +108,7 @@ def compute_solution(solver, state, vector):
     # and upper[N-1] ignored).
     x = solve(jnp.concatenate([zero, lower]), diag, jnp.concatenate([upper, zero]), flat,
               axis=-1, backend=solver.backend, block=solver.block, pivoting=solver.pivoting,
-              check=getattr(solver, "check", False))
+              check=getattr(solver, "check", False), chunk=solver.chunk)
     result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful,
                               lx.RESULTS.singular)
     return unravel(x), result, {}

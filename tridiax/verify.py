@@ -24,6 +24,35 @@ def _systems(arrays, axis: int):
     return [m.reshape(-1, shape[axis]) for m in moved], shape, axis
 
 
+# Longest periodic system reference_solve assembles densely.
+_DENSE_PERIODIC = 512
+
+
+def _banded(lo, di, up):
+    """scipy.linalg.solve_banded's (1, 1) layout of one system's bands."""
+    ab = np.zeros((3, di.shape[0]), dtype=np.result_type(lo, di, up))
+    ab[0, 1:] = up[:-1]
+    ab[1] = di
+    ab[2, :-1] = lo[1:]
+    return ab
+
+
+def _periodic_woodbury(lo, di, up, b):
+    """One periodic system: A = T + U V^T with U = [e_0, e_{N-1}] and V^T the two corner rows
+    (lower[0] at column N-1 of row 0, upper[N-1] at column 0 of row N-1)."""
+    n = di.shape[0]
+    rhs = np.zeros((n, 3), dtype=b.dtype)
+    rhs[:, 0] = b
+    rhs[0, 1] = 1.0
+    rhs[n - 1, 2] = 1.0
+    y = scipy.linalg.solve_banded((1, 1), _banded(lo, di, up), rhs)
+    # V^T z for each column z of y: lower[0] * z[N-1] (row 0) and upper[N-1] * z[0] (row N-1).
+    vt_y = np.stack([lo[0] * y[n - 1], up[n - 1] * y[0]])
+    coupled = np.eye(2, dtype=b.dtype) + vt_y[:, 1:]
+    weights = scipy.linalg.solve(coupled, vt_y[:, 0])
+    return y[:, 0] - y[:, 1:] @ weights
+
+
 def reference_solve(lower, diag, upper, rhs, *, axis: int = -1, periodic: bool = False) -> np.ndarray:
     """Solve every system with `scipy.linalg.solve_banded` (LAPACK gbsv, partial pivoting).
 
@@ -32,9 +61,11 @@ def reference_solve(lower, diag, upper, rhs, *, axis: int = -1, periodic: bool =
     ignored. Inputs broadcast.
 
     With `periodic=True`, the conventions of `tridiax.solve_periodic_tridiagonal`: lower[0]
-    is the corner A[0, N-1] and upper[N-1] the corner A[N-1, 0]. Such a matrix is not banded,
-    so each system is assembled densely and solved with `scipy.linalg.solve` (LAPACK gesv,
-    partial pivoting); N >= 3.
+    is the corner A[0, N-1] and upper[N-1] the corner A[N-1, 0]; N >= 3. Such a matrix is not
+    banded: up to N = 512 each system is assembled densely and solved with `scipy.linalg.solve`
+    (LAPACK gesv, partial pivoting); longer ones by the Woodbury identity, the two corners a
+    rank-2 correction of the banded solve (three right-hand sides through solve_banded, then a
+    2 x 2 solve), which needs the matrix without its corners to be nonsingular too.
 
     **Returns:** a NumPy array of the broadcast shape, in float64 (complex128 for complex input).
     """
@@ -43,9 +74,11 @@ def reference_solve(lower, diag, upper, rhs, *, axis: int = -1, periodic: bool =
     if periodic and n < 3:
         raise ValueError(f"a periodic system needs N >= 3, got N = {n}.")
     x = np.empty_like(b)
-    ab = np.zeros((3, n), dtype=b.dtype)
     rows = np.arange(n)
     for s in range(b.shape[0]):
+        if periodic and n > _DENSE_PERIODIC:
+            x[s] = _periodic_woodbury(lo[s], di[s], up[s], b[s])
+            continue
         if periodic:
             a = np.zeros((n, n), dtype=b.dtype)
             a[rows, rows] = di[s]
@@ -53,10 +86,7 @@ def reference_solve(lower, diag, upper, rhs, *, axis: int = -1, periodic: bool =
             a[rows, (rows + 1) % n] = up[s]
             x[s] = scipy.linalg.solve(a, b[s])
             continue
-        ab[0, 1:] = up[s, :-1]
-        ab[1] = di[s]
-        ab[2, :-1] = lo[s, 1:]
-        x[s] = scipy.linalg.solve_banded((1, 1), ab, b[s])
+        x[s] = scipy.linalg.solve_banded((1, 1), _banded(lo[s], di[s], up[s]), b[s])
     moved = x.reshape(tuple(np.delete(shape, axis)) + (n,))
     return np.moveaxis(moved, -1, axis)
 

@@ -1,0 +1,262 @@
+"""Long systems split into chunks (the partition method inside one device, `_chunked.py`) and the
+planner that decides it (`_planner.py`): answers against `tridiax.verify.reference_solve`, NumPy
+loops and the unchunked kernel, gradients, the user's override, and packed ragged batches."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import RTOL, numpy_loop
+
+import tridiax
+from tridiax import _backend, _planner, verify
+from tridiax._recurrence_primitive import recurrence_p
+from tridiax._solve import solve
+
+RNG = np.random.default_rng(13)
+DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+def dominant_bands(shape, dtype, rng=RNG):
+    """Random bands of a diagonally dominant matrix (|d| >= 3 > |l| + |u|) and a rhs."""
+    l, u, b = (rng.uniform(-1, 1, shape) for _ in range(3))
+    d = 3 + rng.uniform(0, 1, shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        l = l * np.exp(0.7j)
+        b = b + 1j * rng.uniform(-1, 1, shape)
+    return [np.asarray(v, dtype) for v in (l, d, u, b)]
+
+
+def tolerance(dtype):
+    return 5 * RTOL[np.dtype(dtype)]
+
+
+def rel_err(x, ref):
+    x, ref = np.asarray(x), np.asarray(ref)
+    return np.max(np.abs(x - ref)) / np.max(np.abs(ref))
+
+
+# ---------------------------------------------------------------------------------------------
+# Solves.
+
+SHAPES = [((203, 9), 0), ((9, 203), -1), ((2, 1001), 1), ((777,), 0), ((3, 301, 5), 1),
+          ((64, 130), 0)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("periodic", [False, True], ids=["plain", "periodic"])
+@pytest.mark.parametrize("shape,axis", SHAPES)
+def test_chunked_solve_matches_reference_and_unchunked_kernel(shape, axis, periodic, dtype):
+    bands = dominant_bands(shape, dtype)
+    ref = verify.reference_solve(*bands, axis=axis, periodic=periodic)
+    whole = np.asarray(solve(*bands, axis=axis, periodic=periodic, chunk=0))
+    for chunk in (2, 3, 16, 50):
+        x = np.asarray(solve(*bands, axis=axis, periodic=periodic, chunk=chunk))
+        assert x.dtype == np.dtype(dtype)
+        assert rel_err(x, ref) < tolerance(dtype), chunk
+        assert rel_err(x, whole) < tolerance(dtype), chunk
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("periodic", [False, True], ids=["plain", "periodic"])
+def test_chunked_gradients_match_unchunked(periodic, dtype):
+    shape, axis = (301, 7), 0
+    bands = [jnp.asarray(v) for v in dominant_bands(shape, dtype)]
+    cotangent = jnp.asarray(RNG.standard_normal(shape), dtype)
+
+    def grads(chunk):
+        _, vjp = jax.vjp(lambda *a: solve(*a, axis=axis, periodic=periodic, chunk=chunk), *bands)
+        return vjp(cotangent)
+
+    for got, want in zip(grads(17), grads(0), strict=True):
+        assert rel_err(got, want) < tolerance(dtype)
+    # jvp too (forward mode runs the chunked solve of the tangent system).
+    tangents = [jnp.asarray(RNG.standard_normal(shape), dtype) for _ in bands]
+    jvp = [jax.jvp(lambda *a, c=c: solve(*a, axis=axis, periodic=periodic, chunk=c), bands,
+                   tangents)[1] for c in (17, 0)]
+    assert rel_err(*jvp) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("kind", ["thomas", "periodic", "pivoted", "periodic_pivoted"])
+def test_every_kind_at_a_million_rows_matches_reference(kind):
+    """One system of 10^6 rows through the planner (chunked where the kind allows it)."""
+    n = 1_000_000
+    periodic, pivoting = "periodic" in kind, "pivoted" in kind
+    l, d, u, b = dominant_bands((n,), np.float64)
+    if pivoting:  # not dominant: rows where pivoting swaps
+        d = d * np.where(np.arange(n) % 5 == 0, 0.05, 1.0)
+    ref = verify.reference_solve(l, d, u, b, periodic=periodic)
+    public = tridiax.solve_periodic_tridiagonal if periodic else tridiax.solve_tridiagonal
+    x = public(l, d, u, b, pivoting=pivoting)
+    assert rel_err(x, ref) < 1e-10
+    # float32: normwise backward error (pivoting=True matrices here are not well conditioned).
+    l, d, u, b = (v.astype(np.float32) for v in (l, d, u, b))
+    x32 = np.asarray(public(l, d, u, b, pivoting=pivoting), np.float64)
+    l, d, u, b = (v.astype(np.float64) for v in (l, d, u, b))
+    before, after = (np.roll(x32, 1), np.roll(x32, -1)) if periodic else (
+        np.concatenate([[0], x32[:-1]]), np.concatenate([x32[1:], [0]]))
+    residual = l * before + d * x32 + u * after - b
+    scale = np.abs(l * before) + np.abs(d * x32) + np.abs(u * after) + np.abs(b)
+    assert np.max(np.abs(residual)) / np.max(scale) < 1e-6
+
+
+def test_planner_chunks_few_long_systems_only():
+    plan = dict(kind="thomas", backend="native", platform="cpu")
+    # One long system, a few long ones: chunked; many short ones: whole systems.
+    assert _planner.solve_chunk(1, 1_000_000, 1, np.float32, **plan) > 0
+    assert _planner.solve_chunk(1, 1_000_000, 64, np.float32, **plan) > 0
+    assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) > 0
+    assert _planner.solve_chunk(1, 100, 100_000, np.float32, **plan) == 0
+    assert _planner.solve_chunk(100_000, 100, 1, np.float32, **plan) == 0
+    # Too little work to share out, a kind that stays sequential, the user's 0.
+    assert _planner.solve_chunk(1, 1000, 1, np.float32, **plan) == 0
+    assert _planner.solve_chunk(1, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) == 0
+    assert _planner.solve_chunk(1, 10**6, 1, np.float32, **plan, chunk=0) == 0
+    assert _planner.solve_chunk(1, 10**6, 1, np.float32, **plan, chunk=1000) == 1000
+    # Recurrences: only a lack of parallelism chunks them.
+    rec = dict(linear=True, backend="native", platform="cpu")
+    assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **rec) > 0
+    assert _planner.recurrence_chunk(1, 1000, 100_000, np.float32, **rec) == 0
+    assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **{**rec, "linear": False}) == 0
+
+
+@pytest.mark.parametrize("n", [32, 33, 34, 35, 100, 101, 1000])
+@pytest.mark.parametrize("periodic", [False, True])
+def test_valid_chunk_leaves_every_chunk_an_interior(n, periodic):
+    for wanted in (2, 3, 4, 7, 16, 64):
+        m = _planner.valid_chunk(n, wanted, periodic=periodic)
+        count = -(-n // m) if m else 0
+        if m:
+            assert 2 <= m <= wanted and n % m != 1
+            assert count >= (3 if periodic else 2)
+        else:  # nothing fits: only when n is too short for the separators
+            assert all(n % k == 1 or -(-n // k) < (3 if periodic else 2)
+                       for k in range(2, min(wanted, n) + 1))
+
+
+def test_tdma_chunk_override_and_its_errors():
+    shape = (4001, 3)
+    l, d, u, b = dominant_bands(shape, np.float64)
+    op = tridiax.Tridiagonal(l, d, u, axis=0)
+    ref = verify.reference_solve(l, d, u, b, axis=0)
+    for chunk in (None, 0, 2, 500):
+        assert rel_err(tridiax.TDMA(chunk=chunk)(op, b), ref) < 1e-12
+    with pytest.raises(ValueError, match="chunk"):
+        tridiax.TDMA(chunk=1)
+    with pytest.raises(ValueError, match="chunk"):
+        tridiax.TDMA(chunk=-3)
+    with pytest.raises(ValueError, match="chunk"):
+        tridiax.TDMA(chunk=2.5)
+    with pytest.raises(ValueError, match="pivoted"):
+        tridiax.TDMA(chunk=64, pivoting=True)
+    with pytest.raises(ValueError, match="chunk"):
+        tridiax.TDMA(chunk=64)(op.factor(), b)
+    # A static field: jit sees it as part of the treedef, not a traced leaf.
+    assert jax.tree.leaves(tridiax.TDMA(chunk=8)) == []
+    assert rel_err(eqx.filter_jit(lambda s, o, r: s(o, r))(tridiax.TDMA(chunk=8), op, b),
+                   ref) < 1e-12
+
+
+def test_check_chunk_accepts_numpy_ints_and_names_the_kind():
+    assert _backend.check_chunk(np.int64(12), "thomas") == 12
+    assert _backend.check_chunk(None, "pivoted") is None
+    assert _backend.check_chunk(0, "factored") == 0
+    with pytest.raises(ValueError, match="factored"):
+        _backend.check_chunk(8, "factored")
+    with pytest.raises(ValueError, match="int"):
+        _backend.check_chunk(True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recurrences.
+
+
+def bind_recurrence(a, x, h0, axis, reverse, chunk, final_only=False):
+    return recurrence_p.bind(a, x, jnp.expand_dims(h0, axis), axis=axis, reverse=reverse,
+                             shifted=False, activation=None, final_only=final_only,
+                             backend=None, chunk=chunk)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape,axis", [((203, 9), 0), ((9, 203), 1), ((3, 301, 5), 1),
+                                        ((5000,), 0)])
+def test_chunked_recurrence_matches_loop_and_unchunked(shape, axis, reverse, dtype):
+    a = RNG.uniform(0.5, 1.0, shape)
+    x = RNG.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        a, x = a * np.exp(0.1j), x + 1j
+    h0 = RNG.standard_normal(shape[:axis] + shape[axis + 1:])
+    ref = numpy_loop(a, x, axis, reverse, initial=h0)
+    args = [jnp.asarray(v, dtype) for v in (a, x, h0)]
+    cotangent = jnp.asarray(RNG.standard_normal(shape), dtype)
+    whole, vjp_whole = jax.vjp(lambda *v: bind_recurrence(*v, axis, reverse, 0), *args)
+    bars_whole = vjp_whole(cotangent)
+    last = [slice(None)] * len(shape)
+    last[axis] = slice(0, 1) if reverse else slice(-1, None)
+    for chunk in (2, 7, 64):
+        h, vjp = jax.vjp(lambda *v, c=chunk: bind_recurrence(*v, axis, reverse, c), *args)
+        assert rel_err(h, ref) < tolerance(dtype)
+        assert rel_err(h, whole) < tolerance(dtype)
+        final = bind_recurrence(*args, axis, reverse, chunk, final_only=True)
+        assert rel_err(final, ref[tuple(last)]) < tolerance(dtype)
+        for got, want in zip(vjp(cotangent), bars_whole, strict=True):
+            assert rel_err(got, want) < tolerance(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed ragged batches: one long system (sequence) through the chunked path.
+
+LENGTHS = [1, 2, 3, 17, 64, 1000, 4999, 30000, 3, 2, 40000, 1, 50000]
+
+
+def test_packed_ragged_systems_solve_as_one_long_system():
+    """Systems of different lengths concatenated along the axis, with lower = 0 at each start
+    and upper = 0 at each end, are one block-diagonal system: the planner chunks it."""
+    n = sum(LENGTHS)
+    starts = np.cumsum([0] + LENGTHS[:-1])
+    ends = starts + np.array(LENGTHS) - 1
+    l, d, u, b = dominant_bands((n,), np.float64)
+    l[starts] = 0.0
+    u[ends] = 0.0
+    assert _planner.solve_chunk(1, n, 1, np.float64, kind="thomas", backend="native",
+                                platform="cpu") > 0
+    x = np.asarray(tridiax.solve_tridiagonal(l, d, u, b))
+    for s, m in zip(starts, LENGTHS, strict=True):
+        piece = slice(s, s + m)
+        ref = verify.reference_solve(l[piece], d[piece], u[piece], b[piece])
+        assert rel_err(x[piece], ref) < 1e-12
+    # Chunk boundaries falling on and beside the system boundaries change nothing.
+    for chunk in (2, 3, 1000, 4999):
+        assert rel_err(solve(l, d, u, b, chunk=chunk), x) < 1e-12
+
+
+def test_packed_sequences_run_as_one_long_recurrence():
+    """Sequences concatenated along time with a = 0 at each start restart from zero there."""
+    n = sum(LENGTHS)
+    starts = np.cumsum([0] + LENGTHS[:-1])
+    a = RNG.uniform(0.9, 1.0, (n, 2))
+    x = RNG.standard_normal((n, 2))
+    a[starts] = 0.0
+    assert _planner.recurrence_chunk(1, n, 2, np.float64, linear=True, backend="native",
+                                     platform="cpu") > 0
+    h = np.asarray(tridiax.linear_recurrence(a, x))
+    for s, m in zip(starts, LENGTHS, strict=True):
+        piece = slice(s, s + m)
+        ref = numpy_loop(a[piece], x[piece])
+        assert rel_err(h[piece], ref) < 1e-12
+
+
+def test_lineax_tdma_takes_the_chunk_override():
+    lx = pytest.importorskip("lineax")
+    from tridiax.lineax import TDMA
+
+    l, d, u, b = dominant_bands((5001,), np.float64)
+    op = lx.TridiagonalLinearOperator(jnp.asarray(d), jnp.asarray(l[1:]), jnp.asarray(u[:-1]))
+    ref = verify.reference_solve(l, d, u, b)
+    for solver in (TDMA(chunk=40), tridiax.TDMA(chunk=40), TDMA(chunk=0)):
+        assert rel_err(lx.linear_solve(op, jnp.asarray(b), solver=solver).value, ref) < 1e-12
+    with pytest.raises(ValueError, match="pivoted"):
+        TDMA(chunk=40, pivoting=True)
