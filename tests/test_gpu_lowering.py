@@ -40,7 +40,7 @@ ENTRY_POINTS = {
     "middle axis": (lambda *a: tridiax.solve_tridiagonal(*a, axis=1), (3, 100, 7)),
     "grad": (_grad_all, (100, 1000)),
     "jvp": (lambda *a: jax.jvp(_solve0, a, a)[1], (100, 1000)),
-    "vmap in_axes=1": (jax.vmap(_solve0, in_axes=1, out_axes=1), (100, 8, 1000)),
+    "vmap in_axes=1": (jax.vmap(_solve0, in_axes=1, out_axes=1), (100, 7, 1000)),
     "vmap in_axes=0": (jax.vmap(_solve0, in_axes=0, out_axes=0), (8, 100, 1000)),
     "vmap of vjp": (jax.vmap(_vjp_all, in_axes=2, out_axes=2), (100, 1000, 3)),
     "periodic": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0), (100, 1000)),

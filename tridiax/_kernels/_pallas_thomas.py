@@ -31,7 +31,6 @@ from jax import lax
 
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
-from .._periodic import split
 from ._pallas_tiles import TileRows, launch
 from ._xla_thomas import pivot_step
 
@@ -53,7 +52,8 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         return load(l_ref, jnp.minimum(i + 1, n - 1)) if transposed else load(u_ref, i)
 
     def back_substitute(c_ref, v_ref, v_last, out_ref):
-        """out[i] = v[i] - c'[i]*out[i+1] from the last row up (out_ref may be v_ref)."""
+        """out[i] = v[i] - c'[i]*out[i+1] from the last row up (out_ref may be v_ref);
+        returns out[0]."""
 
         def step(k, v_next):
             i = n - 2 - k
@@ -62,7 +62,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
             return v
 
         store(out_ref, n - 1, v_last)
-        lax.fori_loop(0, n - 1, step, full(v_last))
+        return lax.fori_loop(0, n - 1, step, full(v_last))
 
     if kind == "pivoted":
         _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, *extra[:3], n=n)
@@ -77,7 +77,8 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
             store(y_ref, i, y)
             return full(y)
 
-        x_last = load(d_ref, n - 1) * lax.fori_loop(1, n, forward, full(y0))
+        y_last = lax.fori_loop(1, n, forward, full(y0))
+        x_last = load(d_ref, n - 1) * y_last  # loaded after the loop: not live across it
         store(x_ref, n - 1, x_last)
 
         def backward(k, x_next):
@@ -91,12 +92,18 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
 
     c_ref = extra[0]
     periodic = kind == "periodic"
+
+    def corners():
+        # alpha = A[0, N-1], beta = A[N-1, 0] and the split gamma; loaded again after the
+        # elimination loop rather than kept live across it.
+        lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
+        alpha, beta = (upn, lo0) if transposed else (lo0, upn)
+        return alpha, beta, _split(load(d_ref, 0), alpha, sup(0))
+
     d_first = load(d_ref, 0)
     if periodic:
         z_ref = extra[1]
-        lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
-        alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-        gamma = split(d_first, alpha, sup(0))
+        _, _, gamma = corners()
     r0 = 1 / (d_first - gamma if periodic else d_first)
     carry = (full(sup(0) * r0), full(load(b_ref, 0) * r0))
     store(c_ref, 0, carry[0])
@@ -126,19 +133,29 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
 
     # Periodic: rows 1..N-2 as usual, row N-1 with d'[N-1] and u[N-1] = beta.
     carry = lax.fori_loop(1, n - 1, eliminate, carry)
+    alpha, beta, gamma = corners()
+    # Two divisions past the loop rather than four (a float64 division is a subroutine call
+    # on its slow path, with the values live across it to keep): gamma multiplied through,
+    # 1/pivot[N-1] = gamma / (gamma*(d[N-1] - a*c'[N-2]) - alpha*beta) and
+    # f = (gamma*y[0] + alpha*y[N-1]) / (gamma*(1 + z[0]) + alpha*z[N-1]).
     a = sub(n - 1)
-    r = 1 / (load(d_ref, n - 1) - alpha * beta / gamma - a * carry[0])
+    r = gamma / (gamma * (load(d_ref, n - 1) - a * carry[0]) - alpha * beta)
     y_last = (load(b_ref, n - 1) - a * carry[1]) * r
     z_last = (beta - a * carry[2]) * r
-    back_substitute(c_ref, y_ref, y_last, y_ref)
-    back_substitute(c_ref, z_ref, z_last, z_ref)
-    kappa = alpha / gamma
-    f = (load(y_ref, 0) + kappa * y_last) / (1 + load(z_ref, 0) + kappa * z_last)
+    y_first = back_substitute(c_ref, y_ref, y_last, y_ref)
+    z_first = back_substitute(c_ref, z_ref, z_last, z_ref)
+    f = (gamma * y_first + alpha * y_last) / (gamma * (1 + z_first) + alpha * z_last)
 
     def combine(i, _):
         store(x_ref, i, load(y_ref, i) - f * load(z_ref, i))
 
     lax.fori_loop(0, n, combine, None)
+
+
+def _split(d0, alpha, u0):
+    """`_periodic.split` for real systems, without its division: -sign(d0) * size (+1 at 0)."""
+    size = jnp.maximum(jnp.maximum(jnp.abs(d0), jnp.abs(alpha)), jnp.abs(u0))
+    return jnp.where(d0 < 0, size, -size)
 
 
 def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u1_ref, u2_ref,

@@ -24,6 +24,17 @@ def _next_power_of_2(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
+# Systems one program sweeps by default: two per thread of one warp. ptxas gives a kernel of
+# one warp per block (.reqntid 32) up to 64 registers without losing occupancy (32 blocks of 32
+# threads fill an SM's 1024-thread share of its registers), and the sweeps (pivoted and
+# float64 gradients included) fit without spilling; with 2 or more warps per block it aims
+# at 32 registers and spills values live across the loops (tests/test_gpu_compile.py).
+# Two systems per thread keep 2048 systems in flight per SM, as full occupancy of 128-thread
+# blocks would; and 64-system tiles give 132 SMs a block each from 132 x 64 systems on.
+SYSTEMS_PER_PROGRAM = 64
+SYSTEMS_PER_THREAD = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     """Tile of systems one program solves: bp along P, bq along Q (powers of two)."""
@@ -33,17 +44,17 @@ class Tiles:
     num_warps: int
 
     @classmethod
-    def default(cls, P: int, Q: int, *, threads: int = 128) -> Tiles:
+    def default(cls, P: int, Q: int, *, systems: int = SYSTEMS_PER_PROGRAM) -> Tiles:
         # Systems along Q are contiguous in memory, so a row of a Q tile is a coalesced load;
         # use Q for the tile as far as it goes and fill the rest with P.
-        bq = min(_next_power_of_2(Q), threads)
-        bp = min(_next_power_of_2(P), max(1, threads // bq))
+        bq = min(_next_power_of_2(Q), systems)
+        bp = min(_next_power_of_2(P), max(1, systems // bq))
         return cls.of_block(bp, bq)
 
     @classmethod
     def of_block(cls, bp: int, bq: int) -> Tiles:
-        """A (bp, bq) tile with warps for its threads (one system per thread, up to 4 warps)."""
-        return cls(bp=bp, bq=bq, num_warps=max(1, min(4, bp * bq // 32)))
+        """A (bp, bq) tile with warps for its threads (two systems per thread, 1 to 4 warps)."""
+        return cls(bp=bp, bq=bq, num_warps=max(1, min(4, bp * bq // (32 * SYSTEMS_PER_THREAD))))
 
 
 class TileRows:
