@@ -121,6 +121,18 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **{**rec, "linear": False}) == 0
 
 
+def test_a_chunk_the_backend_cannot_run_yet_is_an_error():
+    with pytest.raises(ValueError, match="pallas_triton"):
+        _planner.solve_chunk(1, 10**6, 64, np.float32, kind="thomas", backend="pallas_triton",
+                             platform="cuda", chunk=1000)
+    with pytest.raises(ValueError, match="pallas_triton"):
+        _planner.recurrence_chunk(1, 10**6, 64, np.float32, linear=True,
+                                  backend="pallas_triton", platform="cuda", chunk=1000)
+    # The planner itself does not split on that backend.
+    assert _planner.solve_chunk(1, 10**6, 64, np.float32, kind="thomas",
+                                backend="pallas_triton", platform="cuda") == 0
+
+
 @pytest.mark.parametrize("n", [32, 33, 34, 35, 100, 101, 1000])
 @pytest.mark.parametrize("periodic", [False, True])
 def test_valid_chunk_leaves_every_chunk_an_interior(n, periodic):

@@ -150,6 +150,7 @@ def _ignoring_tiling(fn):
 def kernels(backend: str) -> Kernels:
     """The kernels of `backend` (see BACKENDS)."""
     from ._kernels import (
+        _composed_chunks,
         _native,
         _pallas_recurrence,
         _pallas_thomas,
@@ -162,9 +163,12 @@ def kernels(backend: str) -> Kernels:
         return Kernels(_native.solve_pnq, _native.chunk_ends_pnq, _native.chunk_solve_pnq,
                        _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq)
     if backend == "xla":
-        return Kernels(_ignoring_tiling(_xla_thomas.solve_pnq), None, None,
-                       _ignoring_tiling(_xla_thomas.factor_pnq),
-                       _ignoring_tiling(_xla_recurrence.recurrence_pnq), None)
+        solve = _ignoring_tiling(_xla_thomas.solve_pnq)
+        # The chunk sweeps composed from the plain kernels (`_composed_chunks.py`).
+        chunks = _composed_chunks.composed(solve, _ignoring_tiling(_xla_recurrence.recurrence_pnq))
+        return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"],
+                       _ignoring_tiling(_xla_thomas.factor_pnq), chunks["recurrence"],
+                       chunks["recurrence_ends"])
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -179,6 +183,8 @@ def kernels(backend: str) -> Kernels:
 
         return call
 
-    return Kernels(pallas(_pallas_thomas.solve_pnq), None, None,
-                   _ignoring_tiling(_xla_thomas.factor_pnq),
-                   pallas(_pallas_recurrence.recurrence_pnq), None)
+    solve = pallas(_pallas_thomas.solve_pnq)
+    chunks = _composed_chunks.composed(solve, pallas(_pallas_recurrence.recurrence_pnq))
+    return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"],
+                   _ignoring_tiling(_xla_thomas.factor_pnq), chunks["recurrence"],
+                   chunks["recurrence_ends"])

@@ -32,8 +32,18 @@ from ._dtypes import compute_dtype
 
 # Kernel kinds whose chunked form exists (the partition method without pivoting).
 CHUNKED_KINDS = ("thomas", "periodic")
-# Backends that run the chunk sweeps.
+# Backends whose long systems the planner splits on its own: the native kernel's fused chunk
+# sweeps. The GPU rule below is ready for "pallas_triton" (sweeps composed around the plain
+# kernel, `_kernels/_composed_chunks.py`), but a module holding those launches does not yet
+# compile for sm_90a with the one-warp tiles (each launch alone does); until it does, chunks
+# run on the native, XLA and Pallas-interpret backends only (`check_chunk_backend`).
 CHUNKED_BACKENDS = ("native",)
+# Backends that run a chunk the user asks for.
+CHUNK_SWEEP_BACKENDS = ("native", "xla", "pallas_interpret")
+# Streaming multiprocessors of the GPU the Pallas plan fills (an H100 SXM), and the lanes
+# (systems or chunks) that keep them busy: 4 programs of 64 systems per SM.
+GPU_SMS = 132
+GPU_LANES = GPU_SMS * 64 * 4
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
 # Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
@@ -108,8 +118,24 @@ def vector_lanes(dtype) -> int:
 
 
 def chunkable(kind: str, backend: str) -> bool:
-    """Whether solves of this kernel kind can be chunked on this backend."""
+    """Whether the planner splits solves of this kernel kind on this backend on its own."""
     return kind in CHUNKED_KINDS and backend in CHUNKED_BACKENDS
+
+
+def check_chunk_backend(chunk, backend: str) -> None:
+    """ValueError for a chunk the backend cannot run yet."""
+    if chunk and backend not in CHUNK_SWEEP_BACKENDS:
+        raise ValueError(f"chunk={chunk!r} is not available on the {backend!r} backend yet "
+                         f"(chunked sweeps run on {CHUNK_SWEEP_BACKENDS}); pass chunk=None.")
+
+
+def _dividing(n: int, target: int, *, periodic: bool) -> int:
+    """A valid chunk length dividing n in [target/2, target] (no padded last chunk for the
+    composed sweeps), else the valid one nearest below target."""
+    for m in range(min(target, n), max(1, target // 2), -1):
+        if n % m == 0 and valid_chunk(n, m, periodic=periodic) == m:
+            return m
+    return valid_chunk(n, target, periodic=periodic)
 
 
 def valid_chunk(n: int, chunk: int, *, periodic: bool = False) -> int:
@@ -127,11 +153,12 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
                 platform: str, chunk: int | None = None) -> int:
     """Rows per chunk for a solve of (P, N, Q) (0: whole systems). `chunk`: the user's
     override (None: decide; 0: never; m: about m rows)."""
+    periodic = kind == "periodic"
+    if chunk is not None and chunk > 0 and kind in CHUNKED_KINDS:
+        check_chunk_backend(chunk, backend)
+        return valid_chunk(N, max(int(chunk), 2), periodic=periodic)
     if not chunkable(kind, backend) or N < 2 * MIN_CHUNK or chunk == 0:
         return 0
-    periodic = kind == "periodic"
-    if chunk is not None:
-        return valid_chunk(N, max(int(chunk), 2), periodic=periodic)
     systems = P * Q
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
     if platform == "cpu":
@@ -150,11 +177,13 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # Off a power of two: chunks 2^k values apart would map to one set of the L1 cache.
         target -= 16
     else:
-        # GPU: enough lanes to fill every SM several times over.
-        wanted = 132 * 128 * 4
-        if systems >= wanted:
+        # GPU: enough lanes (systems times chunks) to fill every SM several times over.
+        if systems >= GPU_LANES:
             return 0
-        target = int(np.clip(N * systems // wanted, MIN_CHUNK, 1024))
+        target = int(np.clip(N * systems // GPU_LANES, MIN_CHUNK, 1024))
+        if N < 2 * target:
+            target = max(MIN_CHUNK, N // 2)
+        return _dividing(N, target, periodic=periodic)
     if N < 2 * target:
         target = max(MIN_CHUNK, N // 2)
     return valid_chunk(N, target, periodic=periodic)
@@ -164,23 +193,32 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
                      platform: str, chunk: int | None = None) -> int:
     """Steps per chunk for a recurrence over (P, T, Q) (0: whole sequences). Chunking re-reads
     the inputs once (5 array passes instead of 3), so only a lack of parallelism pays for it."""
+    if linear and chunk is not None and chunk > 0:
+        check_chunk_backend(chunk, backend)
+        return max(2, min(int(chunk), T))
     if not linear or backend not in CHUNKED_BACKENDS or T < 2 * MIN_CHUNK or chunk == 0:
         return 0
-    if chunk is not None:
-        return max(2, min(int(chunk), T))
     lanes = P * Q
     if platform == "cpu":
         if lanes * T < MIN_CHUNKED_WORK:
             return 0
         needed = cpu_cores() * 2 * vector_lanes(dtype)
-    else:
-        needed = 132 * 128 * 4
-    if lanes >= needed:
+        if lanes >= needed:
+            return 0
+        # Enough chunks for every core's tiles, several times over; long enough that a
+        # chunk's boundary work is negligible.
+        count = -(-needed * 8 // lanes)
+        return max(min(T, 256), T // count)
+    if lanes >= GPU_LANES:
         return 0
-    # Enough chunks for every core's tiles, several times over; long enough that a chunk's
-    # boundary work is negligible.
-    count = -(-needed * 8 // lanes)
-    return max(min(T, 256), T // count)
+    # GPU: the lanes of every SM, from chunks of at least 64 steps (m dividing T if it can).
+    target = max(64, T * lanes // GPU_LANES)
+    if T < 2 * target:
+        return 0
+    for m in range(target, target // 2, -1):
+        if T % m == 0:
+            return m
+    return target
 
 
 # ---------------------------------------------------------------------------------------------

@@ -204,6 +204,9 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     With `chunk`, h0 is (P, C, Q): the state entering each chunk of `chunk` steps. `gate`, if
     given, is (states, activation): the linear recurrence h = slope(states) * (c h + x) that
     a nonlinear recurrence's derivatives run (`_recurrence_primitive.py`)."""
+    if chunk and final_only:  # every chunk would write its final state to the one slot
+        raise ValueError("a chunked run returns every step; its final state comes from the "
+                         "carry fold (_chunked.recurrence)")
     _require()
     (a, x, h0), cdt = _cast((a, x, h0), out_dtype)
     gate_operand, slope = _gate(gate, cdt)
