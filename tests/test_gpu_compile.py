@@ -147,8 +147,8 @@ def test_entry_points_compile_without_spills_and_fill_the_device(dtype):
 
 @pytest.mark.xfail(strict=True, reason=(
     "few long systems launch one Pallas block until GPU chunking is enabled "
-    "(_planner.CHUNKED_BACKENDS; the composed chunk sweeps do not yet compile together for "
-    "sm_90a): strict, so this fails as soon as they fill the device"))
+    "(_planner.CHUNKED_BACKENDS; the deviceless compile of the composed chunk sweeps fails "
+    "intermittently): strict, so this fails as soon as they fill the device"))
 def test_few_long_systems_fill_the_device():
     # 64 systems of 10^6 rows (64 features of 10^6 steps): one block unless the rows are split
     # into chunks.

@@ -34,9 +34,11 @@ from ._dtypes import compute_dtype
 CHUNKED_KINDS = ("thomas", "periodic")
 # Backends whose long systems the planner splits on its own: the native kernel's fused chunk
 # sweeps. The GPU rule below is ready for "pallas_triton" (sweeps composed around the plain
-# kernel, `_kernels/_composed_chunks.py`), but a module holding those launches does not yet
-# compile for sm_90a with the one-warp tiles (each launch alone does); until it does, chunks
-# run on the native, XLA and Pallas-interpret backends only (`check_chunk_backend`).
+# kernel, `_kernels/_composed_chunks.py`), but the deviceless sm_90a compile of a module
+# holding those launches fails intermittently ("Failed to compile Triton kernel"; always on
+# a second compile of the same function in one process, while each launch alone compiles),
+# and no GPU has run them; until both are settled, chunks run on the native, XLA and
+# Pallas-interpret backends only (`check_chunk_backend`).
 CHUNKED_BACKENDS = ("native",)
 # Backends that run a chunk the user asks for.
 CHUNK_SWEEP_BACKENDS = ("native", "xla", "pallas_interpret")
