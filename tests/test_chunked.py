@@ -121,16 +121,21 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **{**rec, "linear": False}) == 0
 
 
-def test_a_chunk_the_backend_cannot_run_yet_is_an_error():
-    with pytest.raises(ValueError, match="pallas_triton"):
-        _planner.solve_chunk(1, 10**6, 64, np.float32, kind="thomas", backend="pallas_triton",
-                             platform="cuda", chunk=1000)
-    with pytest.raises(ValueError, match="pallas_triton"):
-        _planner.recurrence_chunk(1, 10**6, 64, np.float32, linear=True,
-                                  backend="pallas_triton", platform="cuda", chunk=1000)
-    # The planner itself does not split on that backend.
-    assert _planner.solve_chunk(1, 10**6, 64, np.float32, kind="thomas",
-                                backend="pallas_triton", platform="cuda") == 0
+def test_gpu_plan_fills_the_sms_with_chunks_that_divide_n():
+    plan = dict(kind="thomas", backend="pallas_triton", platform="cuda")
+    m = _planner.solve_chunk(64, 10**6, 1, np.float32, **plan)
+    assert m and 10**6 % m == 0  # no padded last chunk for the composed sweeps
+    assert 64 * (10**6 // m) >= _planner.GPU_LANES
+    assert _planner.solve_chunk(1, 1000, _planner.GPU_WIDE, np.float32, **plan) == 0
+    assert _planner.solve_chunk(64, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) == 0
+    r = _planner.recurrence_chunk(1, 10**6, 64, np.float32, linear=True,
+                                  backend="pallas_triton", platform="cuda")
+    assert r and 64 * (10**6 // r) >= _planner.GPU_LANES // 2
+    # The same decisions never chunk on the XLA fallback unless asked.
+    assert _planner.solve_chunk(64, 10**6, 1, np.float32, kind="thomas", backend="xla",
+                                platform="cuda") == 0
+    assert _planner.solve_chunk(64, 10**6, 1, np.float32, kind="thomas", backend="xla",
+                                platform="cuda", chunk=500) == 500
 
 
 @pytest.mark.parametrize("n", [32, 33, 34, 35, 100, 101, 1000])

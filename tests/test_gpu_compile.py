@@ -145,18 +145,23 @@ def test_entry_points_compile_without_spills_and_fill_the_device(dtype):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "few long systems launch one Pallas block until GPU chunking is enabled "
-    "(_planner.CHUNKED_BACKENDS; the deviceless compile of the composed chunk sweeps fails "
-    "intermittently): strict, so this fails as soon as they fill the device"))
 def test_few_long_systems_fill_the_device():
     # 64 systems of 10^6 rows (64 features of 10^6 steps): one block unless the rows are split
-    # into chunks.
+    # into chunks. The chunk sweeps (each chunk a system of one batch) must fill the SMs; the
+    # reduced systems in between (one row per chunk, 1/m of the work) may launch fewer blocks.
     _require_harness()
     reports = compile_reports(_long_cases())
     assert not _errors(reports), _errors(reports)
-    few = _few_blocks(reports)
-    assert not few, f"Pallas launches with fewer than {SMS} blocks:\n" + "\n".join(few)
+    for case, r in reports.items():
+        pallas = [k for k in r.kernels if k.origin == "pallas_triton"]
+        # tridiax's kernels; XLA's own concatenate fusion around the chunks spills 8 B along
+        # axis -1 (XLA's register choice, not a tridiax kernel).
+        assert not [k for k in pallas if k.spill_store_bytes or k.spill_load_bytes], case
+        full = [k for k in pallas if k.blocks >= SMS]
+        # At least the two sweeps of a solve (ends, fix-up) or of a recurrence (ends, rerun)
+        # over every chunk fill the device, the largest several times over.
+        assert len(full) >= 2, f"{case}: " + ", ".join(str(k) for k in pallas)
+        assert max(k.blocks for k in pallas) >= 4 * SMS, case
 
 
 def _long_cases():

@@ -184,7 +184,8 @@ def kernels(backend: str) -> Kernels:
         return call
 
     solve = pallas(_pallas_thomas.solve_pnq)
-    chunks = _composed_chunks.composed(solve, pallas(_pallas_recurrence.recurrence_pnq))
+    chunks = _composed_chunks.composed(solve, pallas(_pallas_recurrence.recurrence_pnq),
+                                       stack=backend != "pallas_triton")
     return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"],
                    _ignoring_tiling(_xla_thomas.factor_pnq), chunks["recurrence"],
                    chunks["recurrence_ends"])

@@ -33,19 +33,18 @@ from ._dtypes import compute_dtype
 # Kernel kinds whose chunked form exists (the partition method without pivoting).
 CHUNKED_KINDS = ("thomas", "periodic")
 # Backends whose long systems the planner splits on its own: the native kernel's fused chunk
-# sweeps. The GPU rule below is ready for "pallas_triton" (sweeps composed around the plain
-# kernel, `_kernels/_composed_chunks.py`), but the deviceless sm_90a compile of a module
-# holding those launches fails intermittently ("Failed to compile Triton kernel"; always on
-# a second compile of the same function in one process, while each launch alone compiles),
-# and no GPU has run them; until both are settled, chunks run on the native, XLA and
-# Pallas-interpret backends only (`check_chunk_backend`).
-CHUNKED_BACKENDS = ("native",)
-# Backends that run a chunk the user asks for.
-CHUNK_SWEEP_BACKENDS = ("native", "xla", "pallas_interpret")
-# Streaming multiprocessors of the GPU the Pallas plan fills (an H100 SXM), and the lanes
-# (systems or chunks) that keep them busy: 4 programs of 64 systems per SM.
+# sweeps, and on GPU the sweeps composed around the plain Pallas kernel
+# (`_kernels/_composed_chunks.py`; compiled for sm_90a by tests/test_gpu_compile.py, not yet
+# timed on a GPU). Every backend runs a chunk the user asks for.
+CHUNKED_BACKENDS = ("native", "pallas_triton")
+# Streaming multiprocessors of the GPU the Pallas plan fills (an H100 SXM). Fewer systems
+# than GPU_WIDE (two 64-system programs per SM) of at least GPU_MIN_ROWS rows are chunked,
+# into GPU_LANES lanes (systems times chunks: four programs per SM); shorter systems run
+# whole, one launch (a call of a few thousand rows costs about its launch anyway).
 GPU_SMS = 132
+GPU_WIDE = GPU_SMS * 128
 GPU_LANES = GPU_SMS * 64 * 4
+GPU_MIN_ROWS = 4096
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
 # Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
@@ -124,13 +123,6 @@ def chunkable(kind: str, backend: str) -> bool:
     return kind in CHUNKED_KINDS and backend in CHUNKED_BACKENDS
 
 
-def check_chunk_backend(chunk, backend: str) -> None:
-    """ValueError for a chunk the backend cannot run yet."""
-    if chunk and backend not in CHUNK_SWEEP_BACKENDS:
-        raise ValueError(f"chunk={chunk!r} is not available on the {backend!r} backend yet "
-                         f"(chunked sweeps run on {CHUNK_SWEEP_BACKENDS}); pass chunk=None.")
-
-
 def _dividing(n: int, target: int, *, periodic: bool) -> int:
     """A valid chunk length dividing n in [target/2, target] (no padded last chunk for the
     composed sweeps), else the valid one nearest below target."""
@@ -157,7 +149,6 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
     override (None: decide; 0: never; m: about m rows)."""
     periodic = kind == "periodic"
     if chunk is not None and chunk > 0 and kind in CHUNKED_KINDS:
-        check_chunk_backend(chunk, backend)
         return valid_chunk(N, max(int(chunk), 2), periodic=periodic)
     if not chunkable(kind, backend) or N < 2 * MIN_CHUNK or chunk == 0:
         return 0
@@ -180,7 +171,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         target -= 16
     else:
         # GPU: enough lanes (systems times chunks) to fill every SM several times over.
-        if systems >= GPU_LANES:
+        if systems >= GPU_WIDE or N < GPU_MIN_ROWS:
             return 0
         target = int(np.clip(N * systems // GPU_LANES, MIN_CHUNK, 1024))
         if N < 2 * target:
@@ -196,7 +187,6 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
     """Steps per chunk for a recurrence over (P, T, Q) (0: whole sequences). Chunking re-reads
     the inputs once (5 array passes instead of 3), so only a lack of parallelism pays for it."""
     if linear and chunk is not None and chunk > 0:
-        check_chunk_backend(chunk, backend)
         return max(2, min(int(chunk), T))
     if not linear or backend not in CHUNKED_BACKENDS or T < 2 * MIN_CHUNK or chunk == 0:
         return 0
@@ -211,7 +201,7 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         # chunk's boundary work is negligible.
         count = -(-needed * 8 // lanes)
         return max(min(T, 256), T // count)
-    if lanes >= GPU_LANES:
+    if lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
         return 0
     # GPU: the lanes of every SM, from chunks of at least 64 steps (m dividing T if it can).
     target = max(64, T * lanes // GPU_LANES)

@@ -228,10 +228,12 @@ def _couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool
     return alpha, beta, omega, seps
 
 
-def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling):
+def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
+                   stack: bool = True):
     """The partition method's first sweep over (P|1, N|1, Q|1) operands by the plain kernel
     `solve`: the six (P, C, Q) arrays (lower, diag1, rhs1, diag2, upper, rhs2) of
-    `_native.chunk_ends_pnq`, in b's dtype (the compute dtype)."""
+    `_native.chunk_ends_pnq`, in b's dtype (the compute dtype). `stack=False` always runs
+    three sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
     C, L = _check_chunk(N, m)
@@ -251,7 +253,8 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
     full = broadcast_shape(*bands, *rhs)
     run = functools.partial(solve, transposed=transposed, out_dtype=dtype, kind="thomas",
                             tiling=tiling)
-    stack = next((k for k in (2, 0) if all(v.shape[k] == 1 for v in bands + (e_last,))), None)
+    stack = next((k for k in (2, 0) if all(v.shape[k] == 1 for v in bands + (e_last,))),
+                 None) if stack else None
     if stack is None:
         # Three sweeps: see the module docstring (stacking would copy every band thrice).
         y, v1, wn = (run(*bands, r) for r in rhs)
@@ -426,14 +429,19 @@ def recurrence_pnq(recurrence, a, x, h0, *, reverse: bool, shifted: bool, activa
 # ---------------------------------------------------------------------------------------------
 
 
-def composed(solve, recurrence) -> dict:
+def composed(solve, recurrence, *, stack: bool = True) -> dict:
     """The chunk sweeps of a backend from its plain kernels `solve(l, d, u, b, *, transposed,
     out_dtype, kind, tiling)` and `recurrence(a, x, h0, *, reverse, shifted, activation,
     final_only, out_dtype, tiling)`: a dict with "chunk_ends", "chunk_solve",
     "recurrence_ends" and "recurrence" (chunk=0 defers to the plain kernel), callables with the
-    signatures of their `_native` counterparts (`_backend.Kernels`)."""
+    signatures of their `_native` counterparts (`_backend.Kernels`).
+
+    `stack=False`: never stack the three right-hand sides of the ends sweep. Triton (the jaxlib
+    of jax 0.10.2, sm_90a) intermittently rejects the stacked launch inside a chunked module
+    ("'arith.addi' op operand #0 must be signless ... integer-like" in a masked load of a
+    (16, 4) tile against broadcast (16, 1) bands), never the three plain ones."""
     return {
-        "chunk_ends": functools.partial(chunk_ends_pnq, solve),
+        "chunk_ends": functools.partial(chunk_ends_pnq, solve, stack=stack),
         "chunk_solve": functools.partial(chunk_solve_pnq, solve),
         "recurrence_ends": functools.partial(recurrence_ends_pnq, recurrence),
         "recurrence": functools.partial(recurrence_pnq, recurrence),
