@@ -270,7 +270,11 @@ def _compile_case(case: dict, device, dump_dir: pathlib.Path) -> dict:
     except Exception:
         import traceback
 
-        error = f"{traceback.format_exc()}\nstderr of the compilation:\n{log_file.read_text()[-5000:]}"
+        log = log_file.read_text()
+        # Compiler errors (e.g. Triton's MLIR verifier) sit among thousands of ptxas lines.
+        errors = "\n".join(line for line in log.splitlines() if "error" in line.lower())
+        error = (f"{traceback.format_exc()}\nerrors in the compilation log:\n{errors}\n"
+                 f"end of the log:\n{log[-5000:]}")
         return {"kernels": [], "compile_seconds": time.perf_counter() - start, "error": error}
     finally:
         os.dup2(saved_stderr, 2)
