@@ -22,6 +22,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from . import _planner
+
 BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
 
@@ -69,7 +71,7 @@ def check_chunk(chunk, kind: str | None = None) -> int | None:
         return None
     if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 0 or chunk == 1:
         raise ValueError(f"chunk must be None, 0 or an int >= 2 (rows per chunk), got {chunk!r}.")
-    if chunk and kind is not None and kind not in ("thomas", "periodic"):
+    if chunk and kind is not None and kind not in _planner.CHUNKED_KINDS:
         raise ValueError(
             "chunk applies to unpivoted solves: pivoted, pivoted periodic and factored solves "
             f"sweep each system whole (got chunk={chunk!r} for a {kind} solve); pass chunk=None.")
@@ -136,12 +138,11 @@ class Kernels(NamedTuple):
 
 
 def _ignoring_tiling(fn):
-    """`fn` called with the planner's arguments it has no use for dropped."""
+    """`fn` (a kernel that tiles for itself) called with the planner's `tiling` dropped. Chunked
+    and gated runs reach it only through `_composed_chunks`, which splits them or refuses."""
 
-    def call(*args, tiling=None, chunk=0, gate=None, **kwargs):
+    def call(*args, tiling=None, **kwargs):
         del tiling
-        if chunk or gate is not None:
-            raise NotImplementedError("this backend runs whole, ungated sweeps only")
         return fn(*args, **kwargs)
 
     return call
@@ -175,9 +176,7 @@ def kernels(backend: str) -> Kernels:
                else {"compiler_params": _triton_params})
 
     def pallas(fn):
-        def call(*args, tiling=None, chunk=0, gate=None, **kwargs):
-            if chunk or gate is not None:
-                raise NotImplementedError("the Pallas kernels run whole, ungated sweeps only")
+        def call(*args, tiling=None, **kwargs):
             tiles = {} if tiling is None else {"tiles": _pallas_tiles.Tiles.of_block(*tiling)}
             return fn(*args, **options, **tiles, **kwargs)
 

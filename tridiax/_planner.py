@@ -174,12 +174,11 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         if systems >= GPU_WIDE or N < GPU_MIN_ROWS:
             return 0
         target = int(np.clip(N * systems // GPU_LANES, MIN_CHUNK, 1024))
-        if N < 2 * target:
-            target = max(MIN_CHUNK, N // 2)
-        return _dividing(N, target, periodic=periodic)
     if N < 2 * target:
         target = max(MIN_CHUNK, N // 2)
-    return valid_chunk(N, target, periodic=periodic)
+    # The composed GPU sweeps pad a short last chunk: there, a length dividing N if one is near.
+    pick = valid_chunk if platform == "cpu" else _dividing
+    return pick(N, target, periodic=periodic)
 
 
 def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: str,

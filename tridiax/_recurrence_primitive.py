@@ -64,8 +64,9 @@ def _lowering(platform: str):
                                                       op="recurrence")
         kernels = _backend.kernels(backend)
         linear = activation is None
-        # The gate's slope computed in the sweep (native kernel), else materialized.
-        in_kernel = backend == "native" and gate in (jax.nn.relu, jnp.tanh)
+        # The gate's slope computed in the sweep (the native kernel knows every activation
+        # that gates, relu and tanh), else materialized.
+        in_kernel = backend == "native" and _gates(gate)
 
         def plan(P, T, Q, override):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
@@ -152,12 +153,17 @@ def _slope_from_output():
     }
 
 
+def _output_slope(activation):
+    """The function giving activation' from the activation's output, or None."""
+    try:
+        return _slope_from_output().get(activation)
+    except TypeError:  # unhashable callable
+        return None
+
+
 def _slope(activation, h, pre):
     """activation'(pre-activation), from the output h where possible, else from pre()."""
-    try:
-        from_output = _slope_from_output().get(activation)
-    except TypeError:  # unhashable callable
-        from_output = None
+    from_output = _output_slope(activation)
     if from_output is not None:
         return from_output(h)
     if pre is None:
@@ -201,12 +207,12 @@ def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, b
     return h, h_t
 
 
+ad.primitive_jvps[recurrence_p] = _jvp
+
+
 def _gates(activation) -> bool:
     """Whether the derivatives of this activation's recurrence run gated (slope from h)."""
-    try:
-        return activation in _slope_from_output()
-    except TypeError:  # unhashable callable
-        return False
+    return _output_slope(activation) is not None
 
 
 def _gated_jvp(primals, tangents, *, axis, reverse, shifted, gate, final_only, backend, chunk):
@@ -237,9 +243,6 @@ def _gated_jvp(primals, tangents, *, axis, reverse, shifted, gate, final_only, b
 ad.primitive_jvps[gated_recurrence_p] = _gated_jvp
 
 
-ad.primitive_jvps[recurrence_p] = _jvp
-
-
 def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, backend, chunk,
                activation=None, gate=None):
     if activation is not None or ad.is_undefined_primal(a) or any(
@@ -248,8 +251,8 @@ def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, bac
     x_aval = x.aval if ad.is_undefined_primal(x) else x
     h0_aval = h0.aval if ad.is_undefined_primal(h0) else h0
     if type(h_bar) is ad.Zero:
-        return None, ad.Zero(x_aval) if ad.is_undefined_primal(x) else None, (
-            ad.Zero(h0_aval) if ad.is_undefined_primal(h0) else None)
+        return (None, ad.Zero(x_aval) if ad.is_undefined_primal(x) else None,
+                ad.Zero(h0_aval) if ad.is_undefined_primal(h0) else None) + (None,) * len(states)
     T = max(a.shape[axis], x_aval.shape[axis])
     if final_only:  # the cotangent of the last state only
         config = [(0, 0, 0)] * h_bar.ndim

@@ -210,8 +210,7 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     _require()
     (a, x, h0), cdt = _cast((a, x, h0), out_dtype)
     gate_operand, slope = _gate(gate, cdt)
-    P, T, Q = broadcast_shape(a, x, jnp.zeros((1, 1, 1)) if gate is None else gate_operand,
-                              h0[:, :1])
+    P, T, Q = broadcast_shape(a, x, gate_operand, h0[:, :1])
     shape = (P, 1 if final_only else T, Q)
     call = jax.ffi.ffi_call("tridiax_recurrence_cpu", jax.ShapeDtypeStruct(shape, cdt))
     return call(a, x, h0, gate_operand, reverse=reverse, shifted=shifted,

@@ -128,6 +128,11 @@ struct Tile {
   int64_t lanes;    // dimension the lanes run along
   int64_t w;        // lanes in this tile
   int64_t len;      // rows of each lane (all the same within a tile)
+
+  // The system (P, Q) and chunk (C) indices of lane s of this tile.
+  int64_t P(int64_t s) const { return p + (lanes == kLanesP ? s : 0); }
+  int64_t C(int64_t s) const { return c + (lanes == kLanesC ? s : 0); }
+  int64_t Q(int64_t s) const { return q + (lanes == kLanesQ ? s : 0); }
 };
 
 // P x C x Q lanes of rows [c*chunk, min((c+1)*chunk, N)). Lanes along C never mix chunk
@@ -628,15 +633,14 @@ class Solver {
     const Operand& up = ops_[2];
     const T* up_data = Data(2);
     for (int64_t s = 0; s < w; ++s) {
-      const int64_t cs = tile.c + (tile.lanes == kLanesC ? s : 0);
+      const int64_t cs = tile.C(s);
       if (cs == 0 && !periodic_) {
         alpha[s] = beta[s] = T(0);
         continue;
       }
-      const int64_t ps = tile.p + (tile.lanes == kLanesP ? s : 0);
-      const int64_t qs = tile.q + (tile.lanes == kLanesQ ? s : 0);
-      const T up_before =
-          cs == 0 ? up_data[ps * up.sp + (g_.N - 1) * up.sn + qs * up.sq] : rd[2].At(s, -1);
+      const T up_before = cs == 0
+          ? up_data[tile.P(s) * up.sp + (g_.N - 1) * up.sn + tile.Q(s) * up.sq]
+          : rd[2].At(s, -1);
       const T lower_first = rd[0].At(s, 0);
       alpha[s] = transposed_ ? up_before : lower_first;  // sub(0): lower[0], or upper[-1]
       beta[s] = transposed_ ? lower_first : up_before;   // sup(-1): upper[-1], or lower[0]
@@ -656,10 +660,8 @@ class Solver {
     {
       const T* r0 = rhs(0);
       for (int64_t s = 0; s < w; ++s) {
-        const int64_t cs = tile.c + (tile.lanes == kLanesC ? s : 0);
-        const int64_t ps = tile.p + (tile.lanes == kLanesP ? s : 0);
-        const int64_t qs = tile.q + (tile.lanes == kLanesQ ? s : 0);
-        const int64_t at = ps * xsep_.sp + qs * xsep_.sq;
+        const int64_t cs = tile.C(s);
+        const int64_t at = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
         const T xl = cs > 0 ? xs[at + (cs - 1) * xsep_.sn]
                             : (periodic_ ? xs[at + (g_.C - 1) * xsep_.sn] : T(0));
         const T xr = xs[at + cs * xsep_.sn];
@@ -1031,7 +1033,7 @@ class Recurrence {
   // or zero where there is none (the first step of the whole sequence).
   void Boundary(const Tile& tile, const RowReader<T>& ra, int64_t i, T* dst) const {
     for (int64_t s = 0; s < tile.w; ++s) {
-      const int64_t cs = tile.c + (tile.lanes == kLanesC ? s : 0);
+      const int64_t cs = tile.C(s);
       const bool none = i < 0 ? cs == 0 : cs == g_.C - 1;
       dst[s] = none ? T(0) : ra.At(s, i);
     }
