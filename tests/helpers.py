@@ -12,10 +12,11 @@ GPU_BACKENDS = ("pallas_triton", "xla")
 
 def backends(dtype=None) -> tuple[str, ...]:
     """Every backend that runs on this machine's default device (and supports `dtype`)."""
-    from tridiax._backend import supports
+    from tridiax._backend import unavailable
 
     found = GPU_BACKENDS if jax.default_backend() in ("gpu", "cuda", "rocm") else CPU_BACKENDS
-    return tuple(b for b in found if dtype is None or supports(b, np.dtype(dtype)))
+    return tuple(b for b in found
+                 if unavailable(b, np.dtype(dtype if dtype is not None else np.float32)) is None)
 
 
 # Tolerances relative to the solution's size, per dtype.

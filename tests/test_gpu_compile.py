@@ -36,7 +36,7 @@ def _require_harness():
 
 
 def _loss(f):
-    return lambda *a: jnp.sum(f(*a) ** 2)
+    return lambda *a: jnp.sum(jnp.abs(f(*a)) ** 2)  # real for complex systems too
 
 
 def _solver(kind, axis):
@@ -104,12 +104,18 @@ def _cases(dtype: str, systems: int, rows: int = ROWS, names=ENTRY_POINTS, axes=
             for name in names for axis in axes}
 
 
+XLA_COMPLEX128_SPILL = 8  # bytes (see the spill check)
+# Complex systems run the same Pallas kernels on real and imaginary parts; IndRNN is real.
+COMPLEX_ENTRY_POINTS = tuple(name for name in ENTRY_POINTS if not name.startswith("indrnn"))
+
+
 @functools.cache
 def _compiled(dtype: str):
     """Every entry point, both layouts, on WIDE systems (tiles fit: no masks) and on RAGGED ones
     (every access masked), compiled in one subprocess."""
-    cases = {**_cases(dtype, WIDE), **_cases(dtype, RAGGED)}
-    return compile_reports(cases, x64=dtype == "float64")
+    names = COMPLEX_ENTRY_POINTS if dtype.startswith("complex") else ENTRY_POINTS
+    cases = {**_cases(dtype, WIDE, names=names), **_cases(dtype, RAGGED, names=names)}
+    return compile_reports(cases, x64=dtype in ("float64", "complex128"))
 
 
 def _errors(reports):
@@ -122,7 +128,7 @@ def _few_blocks(reports):
             if k.origin == "pallas_triton" and k.blocks < SMS]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128"])
 def test_entry_points_compile_without_spills_and_fill_the_device(dtype):
     # One test per dtype, so that its cases compile once (pytest-xdist runs tests of one module
     # on different workers, which share no cache).
@@ -135,7 +141,11 @@ def test_entry_points_compile_without_spills_and_fill_the_device(dtype):
         if not pallas and not case.startswith("factor "):  # factor() is XLA's on every backend
             problems.append(f"{case}: no Pallas kernel; kernels: {[k.name for k in r.kernels]}")
         for k in r.kernels:
-            if k.spill_store_bytes or k.spill_load_bytes:
+            # XLA's own elementwise fusions of complex128 gradients (complex products of
+            # shifted slices, the band cotangents) spill 8 bytes: XLA's register choice,
+            # bounded here; tridiax's kernels must not spill at all.
+            allowed = XLA_COMPLEX128_SPILL if k.origin == "xla" and dtype == "complex128" else 0
+            if max(k.spill_store_bytes or 0, k.spill_load_bytes or 0) > allowed:
                 problems.append(f"{case}: spills registers: {k}")
         for k in pallas:
             if k.registers is None or k.arch != "sm_90a":

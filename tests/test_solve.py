@@ -166,13 +166,20 @@ def test_nonfinite_input_stays_in_its_system(backend):
     assert_close(x[:, ok], ref, np.float64)
 
 
-def test_pallas_rejects_complex_with_a_clear_error():
-    args = random_bands((4, 3), np.complex64)
-    with pytest.raises(ValueError, match="does not support complex64; use 'xla'"):
-        solve(*args, axis=0, backend="pallas_interpret")
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+@pytest.mark.parametrize("kind", [{}, {"pivoting": True}, {"periodic": True},
+                                  {"periodic": True, "pivoting": True}])
+def test_pallas_kernels_solve_complex_systems(dtype, kind):
+    # Complex values travel through the Pallas kernels as real and imaginary parts (Triton
+    # has no complex type). Not dominant, so the pivoted kinds swap rows; P and Q ragged.
+    args = random_bands((5, 11, 3), dtype, seed=21, dominant="pivoting" not in kind)
+    x = solve(*args, axis=1, backend="pallas_interpret", **kind)
+    periodic = {"periodic": True} if "periodic" in kind else {}
+    assert_close(x, verify.reference_solve(*args, axis=1, **periodic), dtype)
     # The default picks a backend that supports it, on every platform.
-    assert_close(tridiax.solve_tridiagonal(*args, axis=0),
-                 verify.reference_solve(*args, axis=0), np.complex64)
+    public = tridiax.solve_periodic_tridiagonal if periodic else tridiax.solve_tridiagonal
+    assert_close(public(*args, axis=1, pivoting="pivoting" in kind),
+                 verify.reference_solve(*args, axis=1, **periodic), dtype)
 
 
 def test_backends_agree_to_rounding():

@@ -1,17 +1,21 @@
 """Which implementation runs where: the one place that chooses a backend.
 
-| name               | what runs                                          | default for                 |
+| name               | what runs                                          | runs on                     |
 |--------------------|----------------------------------------------------|-----------------------------|
-| "native"           | C++ kernels `_kernels/cpu_kernels.cc` (XLA FFI)    | CPU (recurrences: identity, |
+| "native"           | C++ kernels `_kernels/cpu_kernels.cc` (XLA FFI)    | CPU with a C++ compiler     |
+|                    |                                                    | (recurrences: identity,     |
 |                    |                                                    | relu and tanh activations)  |
-| "xla"              | fori_loop formulations `_kernels/_xla_*.py`        | CPU without a C++ compiler, |
-|                    |                                                    | other activations, TPU,     |
-|                    |                                                    | complex on GPU              |
-| "pallas_triton"    | Pallas kernels `_kernels/_pallas_*.py` via Triton  | CUDA and ROCm GPUs          |
-| "pallas_interpret" | the same Pallas kernels in interpret mode (tests)  | never                       |
+| "pallas_triton"    | Pallas kernels `_kernels/_pallas_*.py` via Triton  | CUDA and ROCm GPUs, while   |
+|                    |                                                    | JAX has the Triton backend  |
+| "xla"              | fori_loop formulations `_kernels/_xla_*.py`        | everywhere                  |
+| "pallas_interpret" | the Pallas kernels in interpret mode (tests)       | anywhere, when asked for    |
 
-All four run the same algorithms with the same conventions and agree to rounding.
-Mosaic GPU and Mosaic TPU kernels slot in here as further names.
+Each platform tries its backends in order (`PREFERENCE`) and takes the first that can run
+the call (`unavailable` says why one cannot: the dtype, the activation, this JAX, the build),
+so a JAX without the Triton backend, or a machine without a compiler, falls through to the
+next instead of failing. All of them run the same algorithms with the same conventions and
+agree to rounding. A user's `backend=` override is checked the same way and refused with the
+reason.
 """
 
 from __future__ import annotations
@@ -19,35 +23,59 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _planner
+from . import _jax_private, _planner
 
 BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
 
+# Backends each platform tries, best first; "xla" runs everything, everywhere.
+PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cpu": ("native", "xla"),
+    "cuda": ("pallas_triton", "xla"),
+    "rocm": ("pallas_triton", "xla"),
+}
+GPU_PLATFORMS = ("cuda", "rocm")
 
-def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas") -> str:
-    """The backend used on `platform` ("cpu", "cuda", "rocm", "tpu") for `dtype`.
 
-    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN); the
-    native CPU recurrence knows identity, relu and tanh, other activations run the XLA loop.
-    """
-    if platform == "cpu":
+def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "thomas",
+                activation=None) -> str | None:
+    """Why `backend` cannot run this call on `platform` (None: it can; platform None: any).
+
+    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN)."""
+    if backend not in BACKENDS:
+        return f"unknown backend {backend!r}; choose one of {BACKENDS}"
+    if backend == "native":
         from ._kernels import _native
 
+        if platform not in (None, "cpu"):
+            return "the native kernels run on CPU"
         if op == "recurrence" and not _native.supports_recurrence(activation, dtype):
-            return "xla"
-        return "native" if _native.available() else "xla"
-    if platform in ("cuda", "rocm") and not jnp.issubdtype(dtype, jnp.complexfloating):
-        # Triton has no complex types; complex systems take the XLA formulation on GPU.
-        return "pallas_triton"
+            return ("the native recurrence runs identity, relu and tanh (real dtypes), not "
+                    f"{activation!r}")
+        if not _native.available():
+            return "the native CPU kernel could not be built (python -m tridiax --info says why)"
+    if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
+            and activation is not None):
+        # Complex values are split into real and imaginary parts inside the kernels
+        # (`_kernels/_split_complex.py`), which a user's activation cannot take.
+        return f"the Pallas kernels run {jnp.dtype(dtype)} recurrences without an activation"
+    if backend == "pallas_triton":
+        if platform not in (None, *GPU_PLATFORMS):
+            return "Triton runs on CUDA and ROCm GPUs"
+        if _jax_private.pallas_triton() is None:
+            return f"jax {jax.__version__} has no Pallas Triton backend"
+    return None
+
+
+def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas") -> str:
+    """The first backend of `platform`'s PREFERENCE that can run this call."""
+    for backend in PREFERENCE.get(platform, ()):
+        if unavailable(backend, dtype, platform=platform, op=op, activation=activation) is None:
+            return backend
     return "xla"
-
-
-def supports(backend: str, dtype) -> bool:
-    """Whether `backend` solves systems of `dtype` (Pallas kernels have no complex types)."""
-    return not (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating))
 
 
 def check_block(block) -> tuple[int, int] | None:
@@ -95,27 +123,23 @@ def check_flags(**flags) -> None:
 
 
 def check_backend(backend: str | None, dtype, *, activation=None) -> None:
-    """Raise ValueError for a backend override that cannot run this dtype (or activation)."""
+    """Raise ValueError, with the reason, for a backend override that cannot run this dtype
+    (or activation) on this JAX and machine."""
     if backend is None:
         return
     if backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
-    if not supports(backend, dtype):
-        raise ValueError(f"backend {backend!r} does not support {jnp.dtype(dtype)}; use 'xla'.")
-    if backend == "native" and activation is not None:
-        from ._kernels import _native
-
-        if not _native.supports_recurrence(activation, dtype):
-            raise ValueError("the native recurrence runs identity, relu and tanh (real dtypes), "
-                             f"not {activation!r}; use backend='xla'.")
+    op = "thomas" if activation is None else "recurrence"
+    reason = unavailable(backend, dtype, op=op, activation=activation)
+    if reason is not None:
+        raise ValueError(f"backend={backend!r} cannot run this call: {reason}; use 'xla' "
+                         "(runs everything) or None (the best available).")
 
 
 def _triton_params(tiles):
     # jax >= 0.10 picks Mosaic GPU for Pallas on GPU unless Triton's CompilerParams are passed
     # explicitly.
-    from jax.experimental.pallas import triton as plgpu
-
-    return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1)
+    return _jax_private.pallas_triton().CompilerParams(num_warps=tiles.num_warps, num_stages=1)
 
 
 class Kernels(NamedTuple):

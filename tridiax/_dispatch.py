@@ -15,10 +15,7 @@ import functools
 import jax
 import numpy as np
 
-try:  # public in jax 0.10; guard against its removal from jax.core in later releases
-    from jax.core import Tracer
-except ImportError:  # pragma: no cover
-    from jax._src.core import Tracer
+from . import _jax_private
 
 
 def run(compute, static, *arrays):
@@ -33,7 +30,7 @@ def _jitted(compute):
 
 def is_traced(x) -> bool:
     """Whether `x` is a tracer (the call is being traced by jit, vmap, grad, ...)."""
-    return isinstance(x, Tracer)
+    return _jax_private.is_tracer(x)
 
 
 def structural_hash(module) -> int:

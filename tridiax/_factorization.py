@@ -31,7 +31,8 @@ from jax.typing import ArrayLike
 
 from . import _backend, _bands, _dispatch, _layout, _periodic, _planner, _sharding
 from ._inputs import check_operator_rank, conform, plan_of, read
-from ._primitive import ShapedArray, def_jit_impl, tridiagonal_solve_p
+from ._jax_private import ShapedArray
+from ._primitive import def_jit_impl, tridiagonal_solve_p
 from ._solve import check_periodic_size
 
 _BAND_NAMES = ("lower", "diag", "upper")

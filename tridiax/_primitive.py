@@ -38,11 +38,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from . import _backend, _bands, _chunked, _layout, _partition_method, _periodic, _planner, _sharding
-
-try:  # public in jax 0.10; guard against its move out of jax.core in later releases
-    from jax.core import ShapedArray
-except ImportError:  # pragma: no cover
-    from jax._src.core import ShapedArray
+from ._jax_private import ShapedArray
 
 tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 

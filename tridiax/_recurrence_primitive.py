@@ -35,7 +35,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from . import _backend, _bands, _chunked, _layout, _partition_method, _planner, _sharding
-from ._primitive import ShapedArray, def_jit_impl
+from ._jax_private import ShapedArray
+from ._primitive import def_jit_impl
 
 recurrence_p = Primitive("tridiax_recurrence")
 

@@ -29,6 +29,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _jax_private
+
 _PARTITION = contextvars.ContextVar("tridiax_partition", default=False)
 
 
@@ -43,12 +45,7 @@ def register_lowering(primitive, fn: Callable, platform: str, *,
     still missing (some enclosing transformations hide the primitive from that check) or
     there is one device, `partitioned` returns the unpartitioned function: correct, and
     XLA gathers a sharded operand."""
-    try:
-        from jax._src import dispatch
-
-        dispatch.prim_requires_devices_during_lowering.add(primitive)
-    except (ImportError, AttributeError):  # pragma: no cover - a future JAX moved it
-        pass
+    _jax_private.declare_needs_devices(primitive)
     lowered = mlir.lower_fun(fn, multiple_results=multiple_results)
 
     def rule(ctx, *args, **params):
@@ -60,7 +57,10 @@ def register_lowering(primitive, fn: Callable, platform: str, *,
             partition = True
         token = _PARTITION.set(partition)
         try:
-            return lowered(ctx, *args, **params)
+            # A Pallas Triton kernel inside warns of the backend's deprecation (jax >= 0.11):
+            # tridiax chooses the backend and falls back once it is gone, so users see nothing.
+            with _jax_private.quiet_triton_deprecation():
+                return lowered(ctx, *args, **params)
         finally:
             _PARTITION.reset(token)
 

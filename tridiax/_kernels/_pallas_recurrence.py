@@ -15,6 +15,7 @@ from jax import lax
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
+from ._split_complex import select
 
 
 def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, reverse, shifted, activation,
@@ -29,7 +30,7 @@ def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, reverse, shifted, acti
         t = time(k)
         if shifted:
             coefficient = rows.load(a_ref, jnp.clip(t + (1 if reverse else -1), 0, T - 1))
-            coefficient = jnp.where(k == 0, 0, coefficient)
+            coefficient = select(k == 0, 0, coefficient)
         else:
             coefficient = rows.load(a_ref, t)
         h = rows.full(act(coefficient * h + rows.load(x_ref, t)))

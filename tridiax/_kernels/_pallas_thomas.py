@@ -32,6 +32,7 @@ from jax import lax
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 from ._pallas_tiles import TileRows, launch
+from ._split_complex import SplitComplex, modulus, select, zeros_like
 from ._xla_thomas import pivot_step
 
 # Work rows each kind stores as extra outputs: c' (thomas); c' and z (periodic); none (factored);
@@ -153,20 +154,27 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
 
 
 def _split(d0, alpha, u0):
-    """`_periodic.split` for real systems, without its division: -sign(d0) * size (+1 at 0)."""
-    size = jnp.maximum(jnp.maximum(jnp.abs(d0), jnp.abs(alpha)), jnp.abs(u0))
-    return jnp.where(d0 < 0, size, -size)
+    """`_periodic.split`: -(d0/|d0|) * size (d0/|d0| = 1 at 0), size = max(|d0|, |alpha|,
+    |u0|); for real systems without its division."""
+    size = jnp.maximum(jnp.maximum(modulus(d0), modulus(alpha)), modulus(u0))
+    if not isinstance(d0, SplitComplex):
+        return jnp.where(d0 < 0, size, -size)
+    m = modulus(d0)
+    nonzero = m > 0
+    m = jnp.where(nonzero, m, 1)
+    return SplitComplex(-jnp.where(nonzero, d0.re / m, 1) * size,
+                        -jnp.where(nonzero, d0.im / m, 0) * size)
 
 
 def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u1_ref, u2_ref,
              *, n):
     """Elimination with partial pivoting (`_xla_thomas.pivot_step`); U's rows are stored as
     1/pivot, U1, U2 (work outputs) and y, then substituted back from the last row."""
-    zero = full(jnp.zeros((), inv_ref.dtype))
+    zero = zeros_like(full(load(d_ref, 0)))
     pending = (full(load(d_ref, 0)), full(sup(0)) if n > 1 else zero, full(load(b_ref, 0)))
 
     def forward(i, pending):
-        un = jnp.where(i + 2 < n, sup(i + 1), 0)  # sup(N-1) lies outside the matrix
+        un = select(i + 2 < n, sup(i + 1), 0)  # sup(N-1) lies outside the matrix
         kept, pending = pivot_step(pending, sub(i + 1), load(d_ref, i + 1), un,
                                    load(b_ref, i + 1))
         for ref, value in zip((inv_ref, u1_ref, u2_ref, y_ref), kept, strict=True):

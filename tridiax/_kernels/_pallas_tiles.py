@@ -15,9 +15,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
+from .. import _jax_private
 from .._layout import broadcast_shape
+from ._split_complex import SplitComplex, SplitRef, real_dtype
+
+# Masked loads and stores (None where this JAX has no Triton backend: then only interpret
+# mode runs these kernels, and it masks by selecting, which its padded blocks allow).
+_TRITON = _jax_private.pallas_triton()
 
 
 def _next_power_of_2(x: int) -> int:
@@ -63,7 +68,7 @@ class TileRows:
     def __init__(self, P: int, Q: int, tiles: Tiles, compute_dtype):
         self.bp, self.bq = tiles.bp, tiles.bq
         self.masked = P % tiles.bp != 0 or Q % tiles.bq != 0
-        self.dtype = compute_dtype
+        self.dtype = real_dtype(compute_dtype)  # of a row, or of each part of a complex one
         self.p_ok = (pl.program_id(0) * self.bp + lax.broadcasted_iota(jnp.int32, (self.bp, 1), 0)) < P
         self.q_ok = (pl.program_id(1) * self.bq + lax.broadcasted_iota(jnp.int32, (1, self.bq), 1)) < Q
 
@@ -80,26 +85,49 @@ class TileRows:
         return None
 
     def load(self, ref, i):
-        """Row i (row 0 of an operand broadcast along N), in the compute dtype."""
+        """Row i (row 0 of an operand broadcast along N), in the compute dtype (a SplitComplex
+        for a complex operand)."""
+        if isinstance(ref, SplitRef):
+            return SplitComplex(self.load(ref.re, i), self.load(ref.im, i))
         if ref.shape[1] == 1:
             i = 0
         i = jnp.asarray(i, int)  # masked loads want a traced index in interpret mode
         mask = self._mask(ref)
         view = ref.at[:, i, :]
-        value = plgpu.load(view, mask=mask) if mask is not None else view[...]
+        if mask is None:
+            value = view[...]
+        elif _TRITON is not None:
+            value = _TRITON.load(view, mask=mask)
+        else:
+            value = jnp.where(mask, view[...], 0)
         return value.astype(self.dtype)
 
     def store(self, ref, i, value):
+        if isinstance(ref, SplitRef):
+            if not isinstance(value, SplitComplex):
+                value = SplitComplex(value, jnp.zeros_like(value))
+            self.store(ref.re, i, value.re)
+            self.store(ref.im, i, value.im)
+            return
         i = jnp.asarray(i, int)
         mask = self._mask(ref)
         value = jnp.broadcast_to(value, (self.bp, self.bq)).astype(ref.dtype)
-        if mask is not None:
-            plgpu.store(ref.at[:, i, :], value, mask=mask)
-        else:
+        if mask is None:
             ref[:, i, :] = value
+        elif _TRITON is not None:
+            _TRITON.store(ref.at[:, i, :], value, mask=mask)
+        else:
+            ref[:, i, :] = jnp.where(mask, value, ref[:, i, :])
 
     def full(self, value):
+        if isinstance(value, SplitComplex):
+            return value.map(self.full)
         return jnp.broadcast_to(value, (self.bp, self.bq))
+
+    def zero(self, like):
+        """A tile of zeros of the kind (real or split) of `like`."""
+        zeros = self.full(jnp.zeros((), self.dtype))
+        return SplitComplex(zeros, zeros) if isinstance(like, SplitComplex) else zeros
 
 
 def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
@@ -107,10 +135,36 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
     """pallas_call `kernel(*operand_refs, *out_refs, tiles=...)` over tiles of (P, ·, Q).
 
     `out_shapes` are (rows, dtype) pairs; every output is (P, rows, Q). `compiler_params`, if
-    given, maps the tiles to the backend's CompilerParams.
+    given, maps the tiles to the backend's CompilerParams. Complex operands and outputs travel
+    as their real and imaginary parts, and the kernel sees a `SplitRef` for each.
     """
     P, _, Q = broadcast_shape(*operands)
     tiles = tiles or Tiles.default(P, Q)
+    is_complex = [jnp.iscomplexobj(x) for x in operands] + [
+        jnp.issubdtype(dtype, jnp.complexfloating) for _, dtype in out_shapes]
+    parts = [p for x in operands for p in ((x.real, x.imag) if jnp.iscomplexobj(x) else (x,))]
+    part_shapes = [(rows, d) for rows, dtype in out_shapes
+                   for d in ((real_dtype(dtype),) * 2 if jnp.issubdtype(dtype, jnp.complexfloating)
+                             else (dtype,))]
+
+    def body(*refs):
+        grouped, k = [], 0
+        for split in is_complex:
+            grouped.append(SplitRef(refs[k], refs[k + 1]) if split else refs[k])
+            k += 2 if split else 1
+        kernel(*grouped, tiles=tiles, P=P, Q=Q)
+
+    outs = _launch_real(body, parts, part_shapes, name=name, interpret=interpret, tiles=tiles,
+                        compiler_params=compiler_params)
+    results, k = [], 0
+    for split in is_complex[len(operands):]:
+        results.append(jax.lax.complex(outs[k], outs[k + 1]) if split else outs[k])
+        k += 2 if split else 1
+    return results
+
+
+def _launch_real(kernel, operands, out_shapes, *, name, interpret, tiles, compiler_params):
+    P, _, Q = broadcast_shape(*operands)
     bp, bq = tiles.bp, tiles.bq
 
     def spec(shape):
@@ -120,7 +174,7 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
 
     shapes = [jax.ShapeDtypeStruct((P, rows, Q), dtype) for rows, dtype in out_shapes]
     return pl.pallas_call(
-        lambda *refs: kernel(*refs, tiles=tiles, P=P, Q=Q),
+        kernel,
         out_shape=tuple(shapes),
         grid=(pl.cdiv(P, bp), pl.cdiv(Q, bq)),
         in_specs=[spec(x.shape) for x in operands],

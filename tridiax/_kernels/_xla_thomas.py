@@ -19,6 +19,7 @@ from jax import Array, lax
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 from .._periodic import split
+from ._split_complex import magnitude, select, zeros_like
 
 
 def _row(x: Array, i, axis: int, dtype) -> Array:
@@ -121,13 +122,6 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     return (y - f * z).astype(out_dtype)
 
 
-def magnitude(x: Array) -> Array:
-    """The size gtsv compares to choose a pivot: |x|, or |Re x| + |Im x| for complex x."""
-    if jnp.iscomplexobj(x):
-        return jnp.abs(x.real) + jnp.abs(x.imag)
-    return jnp.abs(x)
-
-
 def pivot_step(pending, l, d, un, b):
     """One step of elimination with partial pivoting (see cpu_kernels.cc, `Pivoted`).
 
@@ -136,11 +130,11 @@ def pivot_step(pending, l, d, un, b):
     (1/pivot, U1, U2, y) and the next pending row."""
     a, c, f = pending
     swap = magnitude(l) > magnitude(a)
-    r = 1 / jnp.where(swap, l, a)
-    m = jnp.where(swap, a, l) * r
-    zero = jnp.zeros_like(un)
-    kept = (jnp.where(swap, d, c), jnp.where(swap, un, zero), jnp.where(swap, b, f))
-    other = (jnp.where(swap, c, d), jnp.where(swap, zero, un), jnp.where(swap, f, b))
+    r = 1 / select(swap, l, a)
+    m = select(swap, a, l) * r
+    zero = zeros_like(un)
+    kept = (select(swap, d, c), select(swap, un, zero), select(swap, b, f))
+    other = (select(swap, c, d), select(swap, zero, un), select(swap, f, b))
     return (r, *kept), tuple(o - m * k for o, k in zip(other, kept, strict=True))
 
 

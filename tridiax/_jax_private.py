@@ -1,0 +1,122 @@
+"""Every JAX name tridiax uses that is private, or public but on its way out, in one place.
+
+Each has a fallback, so that a JAX release that moves or drops the name degrades one feature
+with a clear message instead of breaking `import tridiax` (tests/test_jax_private.py removes
+each name in turn and checks its fallback):
+
+| name                                       | used for                     | fallback                      |
+|--------------------------------------------|------------------------------|-------------------------------|
+| jax.core.ShapedArray (jax._src.core)       | primitives' abstract values  | the type of `jax.typeof(x)`   |
+| jax.core.Tracer (jax._src.core)            | "is this call traced?"       | a class named Tracer in the   |
+|                                            |                              | value's type's MRO            |
+| jax._src.dispatch.                         | custom_partitioning sees the | none: sharded operands are    |
+|   prim_requires_devices_during_lowering    | mesh while lowering          | gathered (correct, slower)    |
+| jax.experimental.pallas.triton             | the "pallas_triton" backend; | the backend is unavailable    |
+|   (load/store with masks, CompilerParams)  | masked rows in interpret     | and the next one runs;        |
+|                                            | mode                         | interpret masks by `where`    |
+| jax._src.deprecations ("jax-pallas-        | Triton removed in all but    | not accelerated               |
+|   triton" accelerated into an error)       | name                         |                               |
+
+The Triton backend's deprecation warning (jax >= 0.11) is silenced around tridiax's own
+lowerings only (`quiet_triton_deprecation`): a user cannot act on it, and tridiax falls back
+on its own once the backend is gone. Other code's warnings are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import warnings
+
+import jax
+import numpy as np
+
+
+def _attribute(*candidates: tuple[str, str]):
+    """The first (module, name) of `candidates` that imports, or None."""
+    for module, name in candidates:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+# --- Abstract values and tracers -------------------------------------------------------------
+
+
+def shaped_array_type() -> type:
+    """jax's ShapedArray class (public in jax 0.10 as jax.core.ShapedArray)."""
+    found = _attribute(("jax.core", "ShapedArray"), ("jax._src.core", "ShapedArray"))
+    return found if found is not None else type(jax.typeof(np.float32(0)))
+
+
+ShapedArray = shaped_array_type()
+
+
+def tracer_type() -> type | None:
+    """jax's Tracer class, or None where no import path has it (`is_tracer` then looks at
+    the class names)."""
+    return _attribute(("jax.core", "Tracer"), ("jax._src.core", "Tracer"))
+
+
+_TRACER = tracer_type()
+
+
+def is_tracer(x) -> bool:
+    """Whether `x` is a tracer (the call is being traced by jit, vmap, grad, ...)."""
+    if _TRACER is not None:
+        return isinstance(x, _TRACER)
+    return any(cls.__name__ == "Tracer" for cls in type(x).__mro__)
+
+
+# --- Lowering with the device assignment -----------------------------------------------------
+
+
+def declare_needs_devices(primitive) -> bool:
+    """Declare that lowering `primitive` needs the device assignment (a private JAX registry,
+    present in jax 0.4.31 to 0.11); False where this JAX has no such registry."""
+    registry = _attribute(("jax._src.dispatch", "prim_requires_devices_during_lowering"))
+    if registry is None:
+        return False
+    registry.add(primitive)
+    return True
+
+
+# --- Pallas Triton ---------------------------------------------------------------------------
+
+TRITON_DEPRECATION = "jax-pallas-triton"
+_TRITON_WARNING = r"The Pallas Triton backend is deprecated"
+
+
+def pallas_triton():
+    """`jax.experimental.pallas.triton` (masked load/store, CompilerParams), or None where this
+    JAX has no Triton backend: removed, or its deprecation accelerated into an error."""
+    try:
+        from jax.experimental.pallas import triton as module
+    except ImportError:
+        return None
+    if not all(hasattr(module, name) for name in ("load", "store", "CompilerParams")):
+        return None
+    if _deprecation_accelerated(TRITON_DEPRECATION):
+        return None
+    return module
+
+
+def _deprecation_accelerated(deprecation_id: str) -> bool:
+    is_accelerated = _attribute(("jax._src.deprecations", "is_accelerated"))
+    if is_accelerated is None:
+        return False
+    try:
+        return bool(is_accelerated(deprecation_id))
+    except (ValueError, KeyError):  # not registered in this JAX: not deprecated yet
+        return False
+
+
+@contextlib.contextmanager
+def quiet_triton_deprecation():
+    """Silence the Pallas Triton deprecation warning raised inside the block (tridiax's own
+    lowerings); every other warning passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TRITON_WARNING, category=DeprecationWarning)
+        yield
