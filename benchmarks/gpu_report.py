@@ -1,0 +1,203 @@
+"""One command for a GPU machine: tests, bandwidth per kind and backend, shapes, a tile sweep.
+
+    python benchmarks/gpu_report.py [--out gpu_report.md] [--quick] [--skip-tests]
+
+Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also runs on CPU
+(with --quick: small shapes, a smoke run of the script itself). It writes a markdown report:
+
+1. the machine: device, jax and jaxlib, the backend each operation picks per dtype;
+2. the GPU test subset (`pytest -m "not large"` on the solve, recurrence, chunking, backend
+   and GPU lowering tests), its summary line;
+3. bandwidth of every kind (plain, pivoted, periodic, periodic pivoted, factored solve,
+   linear recurrence, IndRNN), in both layouts ((N, B) along axis 0 and (B, N) along the last
+   axis), per backend that runs on the device: time, GB/s of the bytes each call must move
+   (inputs read once, the output written once), that as a fraction of the device's peak, and
+   the ratio to a fused XLA elementwise op moving the same bytes (the floor);
+4. the shape table of bench_shapes.py (many short systems, few long ones, one very long one,
+   recurrences), without lax;
+5. a Pallas tile sweep: (bp, bq) blocks on the (N, B) and (B, N) layouts.
+
+Every figure is the minimum of repeats after a warm-up (compile time excluded), ratios taken
+from this one run. Put the report in benchmarks/README.md, and make the defaults (PREFERENCE in
+tridiax/_backend.py, tiles in tridiax/_kernels/_pallas_tiles.py) follow it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import machine  # benchmarks/ is on sys.path when run as a script
+from bench_shapes import QUICK, SHAPES, fmt, recurrence_problem, run_shape, solve_problem, time_best
+
+import tridiax
+from tridiax import _backend
+from tridiax._recurrence import recurrence
+from tridiax._solve import solve
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Peak memory bandwidth (GB/s) by device kind (vendor figures), for the fraction column.
+PEAK_GBS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0}
+TEST_FILES = ["tests/test_solve.py", "tests/test_recurrence.py", "tests/test_chunked.py",
+              "tests/test_jax_private.py", "tests/test_gpu_lowering.py"]
+KINDS = {  # name: (keyword arguments of solve, or "factored" / "recurrence" / "indrnn")
+    "plain": {}, "pivoted": {"pivoting": True}, "periodic": {"periodic": True},
+    "periodic pivoted": {"periodic": True, "pivoting": True},
+    "factored solve": "factored", "linear recurrence": "recurrence", "indrnn": "indrnn",
+}
+
+
+def peak_gbs(device) -> float:
+    kind = getattr(device, "device_kind", "")
+    return next((v for k, v in PEAK_GBS.items() if k in kind), float("nan"))
+
+
+def device_backends(platform: str) -> list[str]:
+    """The backends that run on this platform (the interpret mode only tests)."""
+    names = [b for b in _backend.PREFERENCE.get(platform, ("xla",))]
+    return [b for b in names if _backend.unavailable(b, jnp.float32, platform=platform) is None]
+
+
+def section_machine(platform):
+    lines = [f"Machine: {machine()}", "",
+             "| operation | dtype | backend picked |", "|---|---|---|"]
+    for dtype in ("float32", "float64", "complex64", "bfloat16"):
+        for op in ("thomas", "recurrence"):
+            lines.append(f"| {op} | {dtype} | "
+                         f"{_backend.default_backend(platform, jnp.dtype(dtype), op=op)} |")
+    return lines
+
+
+def section_tests():
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not large", "-p",
+                          "no:cacheprovider", *TEST_FILES], cwd=ROOT, capture_output=True,
+                         text=True)
+    tail = [line for line in out.stdout.splitlines() if line.strip()][-12:]
+    return [f"`pytest -q -m 'not large' {' '.join(TEST_FILES)}` "
+            f"(exit {out.returncode}, {time.perf_counter() - start:.0f} s):", "", "```",
+            *tail, "```"]
+
+
+def _call(kind, backend, axis, block=None):
+    spec = KINDS[kind]
+    if spec == "recurrence":
+        return lambda a, x: recurrence(a, x, axis=axis, backend=backend)
+    if spec == "indrnn":
+        return lambda a, x: recurrence(a, x, axis=axis, activation=jax.nn.relu, backend=backend)
+    if spec == "factored":
+        def factored(l, d, u, b):
+            factors = tridiax.TDMA(backend=backend).factor(tridiax.Tridiagonal(l, d, u, axis=axis))
+            return factors.solve(b)
+        return factored
+    return lambda *a: solve(*a, axis=axis, backend=backend, block=block, **spec)
+
+
+def _data(kind, shape, axis, dtype):
+    if KINDS[kind] in ("recurrence", "indrnn"):
+        return recurrence_problem(shape, dtype)
+    return solve_problem(shape, axis, dtype)
+
+
+def bandwidth_row(kind, backend, shape, axis, dtype, peak, block=None):
+    data = _data(kind, shape, axis, dtype)
+    moved = sum(a.nbytes for a in data) + data[-1].nbytes  # read every input, write x or h
+    t, compile_s, _ = time_best(_call(kind, backend, axis, block), data, budget_s=1.0)
+    floor = time_best(lambda *a: sum(a[1:], a[0]), data, budget_s=1.0)[0]
+    gbs = moved / t / 1e9
+    return t, gbs, gbs / peak, t / floor, compile_s
+
+
+def section_bandwidth(platform, backends, layouts, dtype, peak):
+    lines = ["| kind | layout | backend | ms | GB/s | of peak | / floor | compile s |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for kind in KINDS:
+        for label, shape, axis in layouts:
+            for backend in backends:
+                if _backend.unavailable(backend, jnp.dtype(dtype), platform=platform,
+                                        op="recurrence" if kind == "indrnn" else "thomas",
+                                        activation=jax.nn.relu if kind == "indrnn" else None):
+                    continue
+                try:
+                    t, gbs, frac, ratio, c = bandwidth_row(kind, backend, shape, axis, dtype, peak)
+                except Exception as err:  # noqa: BLE001 - a report records failures and goes on
+                    lines.append(f"| {kind} | {label} | {backend} | failed: "
+                                 f"{type(err).__name__}: {str(err)[:120]} | | | | |")
+                    continue
+                lines.append(f"| {kind} | {label} | {backend} | {t * 1e3:.3f} | {gbs:.0f} | "
+                             f"{fmt(frac * 100, '.0f')}% | {ratio:.2f}x | {c:.2f} |")
+    return lines
+
+
+def section_shapes(quick):
+    lines = ["| data | tridiax ms | floor ms | tridiax / floor | fwd+grad / fwd | err |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, shape, axis, op in SHAPES:
+        shape = QUICK.get(shape, shape) if quick else shape
+        r = run_shape(label, shape, axis, op, "float32", skip_lax=True)
+        lines.append(f"| {label} {'(quick: ' + str(shape) + ')' if quick else ''} | "
+                     f"{r.tridiax_ms:.3f} | {r.floor_ms:.3f} | {r.vs_floor:.2f}x | "
+                     f"{r.grad_vs_fwd:.2f}x | {r.error:.0e} |")
+    return lines
+
+
+def section_tiles(layouts, peak):
+    lines = ["| layout | block (bp, bq) | ms | GB/s | of peak |", "|---|---|---:|---:|---:|"]
+    for label, shape, axis in layouts:
+        for block in ((1, 32), (1, 64), (1, 128), (2, 64), (4, 32), (32, 1), (64, 1), (128, 1)):
+            try:
+                t, gbs, frac, _, _ = bandwidth_row("plain", "pallas_triton", shape, axis,
+                                                   "float32", peak, block=block)
+            except Exception as err:  # noqa: BLE001
+                lines.append(f"| {label} | {block} | failed: {type(err).__name__} | | |")
+                continue
+            lines.append(f"| {label} | {block} | {t * 1e3:.3f} | {gbs:.0f} | "
+                         f"{fmt(frac * 100, '.0f')}% |")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu_report.md")
+    parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
+    parser.add_argument("--skip-tests", action="store_true")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    device = jax.devices()[0]
+    platform = device.platform
+    peak = peak_gbs(device)
+    n, b = (100, 4096) if args.quick else (1000, 132 * 512)
+    layouts = [(f"(N, B) = ({n}, {b}), axis 0", (n, b), 0),
+               (f"(B, N) = ({b}, {n}), axis -1", (b, n), -1)]
+    backends = device_backends(platform)
+    report = [f"# tridiax GPU report ({time.strftime('%Y-%m-%d')})", ""]
+    sections = [("Machine and backend choice", lambda: section_machine(platform))]
+    if not args.skip_tests:
+        sections.append(("Tests", section_tests))
+    sections += [
+        (f"Bandwidth per kind, float32 (peak {fmt(peak, '.0f')} GB/s)",
+         lambda: section_bandwidth(platform, backends, layouts, "float32", peak)),
+        ("Shapes, float32", lambda: section_shapes(args.quick)),
+    ]
+    if "pallas_triton" in backends:
+        sections.append(("Pallas Triton tile sweep, plain solve, float32",
+                         lambda: section_tiles(layouts, peak)))
+    for title, build in sections:
+        t0 = time.perf_counter()
+        body = build()
+        report += [f"## {title}", "", *body, "", f"({time.perf_counter() - t0:.0f} s)", ""]
+        print("\n".join(report[-len(body) - 5:]), flush=True)
+    report.append(f"Total: {time.perf_counter() - start:.0f} s.")
+    pathlib.Path(args.out).write_text("\n".join(report) + "\n")
+    print(f"wrote {args.out} in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()

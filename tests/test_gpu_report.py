@@ -1,0 +1,35 @@
+"""benchmarks/gpu_report.py, the one command for a GPU machine, runs end to end (--quick, on
+whatever device is here) and reports every kind in both layouts on every backend."""
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_gpu_report_quick_run_reports_every_kind(tmp_path):
+    out = tmp_path / "report.md"
+    result = subprocess.run([sys.executable, "benchmarks/gpu_report.py", "--quick", "--skip-tests",
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = out.read_text()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_report
+    finally:
+        sys.path.pop(0)
+    import jax
+
+    platform = jax.devices()[0].platform
+    backends = gpu_report.device_backends(platform)
+    assert backends, platform
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    for kind in gpu_report.KINDS:
+        for layout in ("axis 0", "axis -1"):
+            for backend in backends:
+                assert any(line.startswith(f"| {kind} | ") and layout in line
+                           and f"| {backend} |" in line for line in rows), (kind, layout, backend)
+    assert "failed" not in text
+    assert "## Shapes, float32" in text and "## Machine and backend choice" in text
