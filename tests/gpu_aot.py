@@ -26,6 +26,7 @@ function can be passed itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
@@ -61,8 +62,11 @@ class KernelReport:
     """One kernel launch of a compiled program (a kernel in a loop body is listed once).
 
     `origin` is "pallas_triton" for a Pallas kernel lowered through Triton, "xla" for a kernel
-    XLA generated (fusions, including XLA's own Triton GEMM fusions), or the custom-call target
-    for any other custom call. `registers`, `spill_*` and `arch` come from ptxas -v and are None
+    XLA generated (fusions, including XLA's own Triton GEMM fusions), "mosaic_gpu" for a Pallas
+    Mosaic GPU kernel, or the custom-call target for any other custom call. Mosaic GPU kernels
+    are compiled to PTX by the CUDA plugin only when loaded on a device: their launch (grid,
+    block, dynamic shared memory) is recorded as Mosaic GPU lowers them, and ptxas's figures
+    (registers, spills, arch) stay None. `registers`, `spill_*` and `arch` come from ptxas -v and are None
     where ptxas said nothing of the kernel. `shared_memory_bytes` is ptxas's static shared memory
     plus the dynamic shared memory of the launch.
     """
@@ -264,8 +268,9 @@ def _compile_case(case: dict, device, dump_dir: pathlib.Path) -> dict:
             sys.stderr.flush()
             os.dup2(log.fileno(), 2)
             specs = [jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding) for shape, dtype in case["specs"]]
-            jax.jit(_resolve(case["fn"])).trace(*specs).lower().compile(
-                compiler_options={"xla_dump_to": str(dump_dir)})
+            with _mosaic_launches() as mosaic:
+                jax.jit(_resolve(case["fn"])).trace(*specs).lower().compile(
+                    compiler_options={"xla_dump_to": str(dump_dir)})
             sys.stderr.flush()
     except Exception:
         import traceback
@@ -280,7 +285,36 @@ def _compile_case(case: dict, device, dump_dir: pathlib.Path) -> dict:
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
     seconds = time.perf_counter() - start
-    return {"kernels": parse_dump(dump_dir, log_file.read_text()), "compile_seconds": seconds, "error": None}
+    kernels = parse_dump(dump_dir, log_file.read_text()) + mosaic
+    return {"kernels": kernels, "compile_seconds": seconds, "error": None}
+
+
+@contextlib.contextmanager
+def _mosaic_launches():
+    """Record each Mosaic GPU kernel launch lowered inside the block (a list of KernelReport
+    dicts), by wrapping Mosaic GPU's private launch builder."""
+    launches: list[dict] = []
+    try:
+        from jax.experimental.mosaic.gpu import core
+    except ImportError:
+        yield launches
+        return
+    launch = core._launch
+    size = getattr(core, "_smem_tree_size", lambda buffers: 0)
+
+    def recording(token, grid, cluster, block, smem_buffers, *args, **kwargs):
+        launches.append({"name": f"mosaic_gpu kernel {len(launches)}", "origin": "mosaic_gpu",
+                         "registers": None, "spill_store_bytes": None, "spill_load_bytes": None,
+                         "shared_memory_bytes": int(size(smem_buffers)),
+                         "grid": list(grid), "block": list(block), "arch": None})
+        return launch(token, grid, cluster, block, smem_buffers, *args, **kwargs)
+
+    getattr(core, "KNOWN_KERNELS", {}).clear()  # a cached kernel would not be lowered again
+    core._launch = recording
+    try:
+        yield launches
+    finally:
+        core._launch = launch
 
 
 def _worker(request_file: str, result_file: str) -> None:

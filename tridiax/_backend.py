@@ -8,7 +8,14 @@
 | "pallas_triton"    | Pallas kernels `_kernels/_pallas_*.py` via Triton  | CUDA and ROCm GPUs, while   |
 |                    |                                                    | JAX has the Triton backend  |
 | "xla"              | fori_loop formulations `_kernels/_xla_*.py`        | everywhere                  |
+| "mosaic_gpu"       | Pallas Mosaic GPU kernels `_kernels/_mosaic_gpu.py`| NVIDIA Hopper (sm_90+),     |
+|                    | (real 16/32-bit Thomas solves and linear           | when asked for: not yet     |
+|                    | recurrences; other kinds run the XLA loop)         | measured against Triton     |
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)       | anywhere, when asked for    |
+
+The Mosaic GPU kernels are tested on CPU by calling them in JAX's Mosaic GPU interpreter
+(`_kernels/_mosaic_gpu.py`, `interpret=`); that interpreter's callbacks cannot run inside a
+primitive's lowering, so it is not a backend of the public functions.
 
 Each platform tries its backends in order (`PREFERENCE`) and takes the first that can run
 the call (`unavailable` says why one cannot: the dtype, the activation, this JAX, the build),
@@ -29,9 +36,11 @@ import numpy as np
 
 from . import _jax_private, _planner
 
-BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret")
+BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret", "mosaic_gpu")
 
-# Backends each platform tries, best first; "xla" runs everything, everywhere.
+# Backends each platform tries, best first; "xla" runs everything, everywhere. "mosaic_gpu"
+# joins the CUDA list once a GPU has measured it at least as fast as Triton (run
+# benchmarks/gpu_report.py); until then it runs when asked for.
 PREFERENCE: dict[str, tuple[str, ...]] = {
     "cpu": ("native", "xla"),
     "cuda": ("pallas_triton", "xla"),
@@ -67,6 +76,13 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
             return "Triton runs on CUDA and ROCm GPUs"
         if _jax_private.pallas_triton() is None:
             return f"jax {jax.__version__} has no Pallas Triton backend"
+    if backend == "mosaic_gpu":
+        if platform not in (None, "cuda"):
+            return "Mosaic GPU runs on NVIDIA GPUs (Hopper and later)"
+        if _jax_private.pallas_mosaic_gpu() is None:
+            return f"jax {jax.__version__} has no Pallas Mosaic GPU backend (or absl-py is missing)"
+        if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize > 4:
+            return f"Mosaic GPU has no {jnp.dtype(dtype)}"
     return None
 
 
@@ -191,6 +207,14 @@ def kernels(backend: str) -> Kernels:
         solve = _ignoring_tiling(_xla_thomas.solve_pnq)
         # The chunk sweeps composed from the plain kernels (`_composed_chunks.py`).
         chunks = _composed_chunks.composed(solve, _ignoring_tiling(_xla_recurrence.recurrence_pnq))
+        return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"],
+                       _ignoring_tiling(_xla_thomas.factor_pnq), chunks["recurrence"],
+                       chunks["recurrence_ends"])
+    if backend == "mosaic_gpu":
+        from ._kernels import _mosaic_gpu
+
+        solve = _ignoring_tiling(_mosaic_gpu.solve_pnq)
+        chunks = _composed_chunks.composed(solve, _ignoring_tiling(_mosaic_gpu.recurrence_pnq))
         return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"],
                        _ignoring_tiling(_xla_thomas.factor_pnq), chunks["recurrence"],
                        chunks["recurrence_ends"])

@@ -16,6 +16,9 @@ each name in turn and checks its fallback):
 |                                            | mode                         | interpret masks by `where`    |
 | jax._src.deprecations ("jax-pallas-        | Triton removed in all but    | not accelerated               |
 |   triton" accelerated into an error)       | name                         |                               |
+| jax.experimental.pallas.mosaic_gpu         | the "mosaic_gpu" backend     | the backend is unavailable    |
+| jax._src.pallas.mosaic_gpu.interpret.      | the "mosaic_gpu_interpret"   | that backend is unavailable   |
+|   params.InterpretGPUParams                | backend (tests on CPU)       |                               |
 
 The Triton backend's deprecation warning (jax >= 0.11) is silenced around tridiax's own
 lowerings only (`quiet_triton_deprecation`): a user cannot act on it, and tridiax falls back
@@ -111,6 +114,27 @@ def _deprecation_accelerated(deprecation_id: str) -> bool:
         return bool(is_accelerated(deprecation_id))
     except (ValueError, KeyError):  # not registered in this JAX: not deprecated yet
         return False
+
+
+# --- Pallas Mosaic GPU ----------------------------------------------------------------------
+
+_MOSAIC_GPU_API = ("kernel", "SMEM", "Barrier", "copy_gmem_to_smem", "copy_smem_to_gmem",
+                   "barrier_wait", "commit_smem", "wait_smem_to_gmem")
+
+
+def pallas_mosaic_gpu():
+    """`jax.experimental.pallas.mosaic_gpu` with what tridiax's kernels call, or None (the
+    module needs absl-py: without it JAX wrongly asks for a GPU jaxlib)."""
+    try:
+        from jax.experimental.pallas import mosaic_gpu as module
+    except ImportError:
+        return None
+    return module if all(hasattr(module, name) for name in _MOSAIC_GPU_API) else None
+
+
+def mosaic_gpu_interpreter():
+    """The Mosaic GPU interpreter's parameter class (private, jax >= 0.10.2), or None."""
+    return _attribute(("jax._src.pallas.mosaic_gpu.interpret.params", "InterpretGPUParams"))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,166 @@
+"""The Mosaic GPU kernels (`tridiax/_kernels/_mosaic_gpu.py`), proven without a GPU.
+
+1. In JAX's Mosaic GPU interpreter (private, jax >= 0.10.2; it simulates shared memory,
+   barriers and TMA copies on CPU): against float64 references, on ragged shapes in both
+   layouts, broadcast operands, transposed solves, recurrences in both directions.
+2. Compiled for an H100 (sm_90a) without a GPU through the public entry points with
+   backend="mosaic_gpu", gradients included: every call launches its Mosaic GPU kernels,
+   within the shared memory of an SM, with a block for every SM on wide problems.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gpu_aot import compile_reports
+from helpers import RTOL, numpy_loop
+from test_gpu_compile import SMS, WIDE, _errors, _require_harness
+
+from tridiax import _backend, _jax_private, verify
+from tridiax._kernels import _mosaic_gpu, _xla_thomas
+
+H100_SHARED_MEMORY = 227 * 1024  # bytes one block may use
+
+INTERPRETER = _mosaic_gpu.interpret_params() if _jax_private.pallas_mosaic_gpu() else None
+needs_interpreter = pytest.mark.skipif(
+    INTERPRETER is None, reason=f"jax {jax.__version__} has no Mosaic GPU interpreter")
+
+
+def _bands(shape, seed, shapes=None):
+    rng = np.random.default_rng(seed)
+    shapes = shapes or (shape,) * 4
+    lower, upper = rng.uniform(-1, 1, shapes[0]), rng.uniform(-1, 1, shapes[2])
+    diag = np.abs(rng.uniform(2.5, 3.5, shapes[1]))
+    return lower, diag, upper, rng.standard_normal(shapes[3])
+
+
+def _reference(lower, diag, upper, rhs, transposed):
+    P, N, Q = np.broadcast_shapes(*(a.shape for a in (lower, diag, upper, rhs)))
+    full = [np.broadcast_to(a, (P, N, Q)).astype(np.float64) for a in (lower, diag, upper, rhs)]
+    lower, diag, upper, rhs = full
+    if transposed:  # the bands of A^T
+        lower, upper = (np.concatenate([np.zeros_like(upper[:, :1]), upper[:, :-1]], 1),
+                        np.concatenate([lower[:, 1:], np.zeros_like(lower[:, :1])], 1))
+    return verify.reference_solve(lower, diag, upper, rhs, axis=1)
+
+
+# (P, N, Q) shapes: ragged rows (not a multiple of 16) and columns (not of 128, nor of 4),
+# one row, batch-first data (Q = 1, systems along P), and a second tile of columns.
+SOLVE_SHAPES = [(1, 1, 3), (1, 2, 5), (1, 37, 200), (3, 17, 9), (40, 21, 1), (1, 16, 257)]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape", SOLVE_SHAPES)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_thomas_kernel_in_the_interpreter(shape, transposed):
+    lower, diag, upper, rhs = _bands(shape, seed=sum(shape))
+    lower[:, 0], upper[:, -1] = np.nan, np.nan  # outside the matrix: never read into x
+    if transposed:
+        lower[:, 0], upper[:, -1] = 0.5, 0.5  # A^T reads them; A's corners stay unread
+    args = [jnp.asarray(a, jnp.float32) for a in (lower, diag, upper, rhs)]
+    x = _mosaic_gpu.solve_pnq(*args, transposed=transposed, out_dtype=jnp.float32,
+                              interpret=INTERPRETER)
+    assert x.shape == shape and x.dtype == jnp.float32
+    ref = _reference(*(np.asarray(a) for a in args), transposed)
+    np.testing.assert_allclose(x, ref, rtol=0, atol=RTOL[np.dtype(np.float32)] * np.abs(ref).max())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_thomas_kernel_shared_matrix_and_half_precision(dtype):
+    # One matrix (1, N, 1) for 6 x 130 right-hand sides: broadcast operands.
+    shapes = [(1, 23, 1)] * 3 + [(6, 23, 130)]
+    args = [jnp.asarray(a, dtype) for a in _bands(None, seed=5, shapes=shapes)]
+    x = _mosaic_gpu.solve_pnq(*args, transposed=False, out_dtype=dtype, interpret=INTERPRETER)
+    assert x.shape == (6, 23, 130) and x.dtype == dtype
+    ref = _reference(*(np.asarray(a, np.float64) for a in args), False)
+    np.testing.assert_allclose(np.asarray(x, np.float64), ref, rtol=0,
+                               atol=RTOL[np.dtype(dtype)] * np.abs(ref).max())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 40, 33), (3, 70, 1), (2, 33, 130)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("shifted", [False, True])
+def test_recurrence_kernel_in_the_interpreter(shape, reverse, shifted):
+    rng = np.random.default_rng(sum(shape) + reverse)
+    a = rng.uniform(0.3, 1.0, shape)
+    x = rng.standard_normal(shape)
+    h0 = rng.standard_normal((shape[0], 1, shape[2]))
+    h = _mosaic_gpu.recurrence_pnq(
+        *(jnp.asarray(v, jnp.float32) for v in (a, x, h0)), reverse=reverse, shifted=shifted,
+        activation=None, final_only=False, out_dtype=jnp.float32, interpret=INTERPRETER)
+    coefficient = a
+    if shifted:  # the coefficient of step t is a at the previous step, zero at the first
+        coefficient = np.roll(a, -1 if reverse else 1, axis=1)
+        coefficient[:, -1 if reverse else 0] = 0
+    ref = numpy_loop(coefficient, x, axis=1, reverse=reverse, initial=h0[:, 0])
+    np.testing.assert_allclose(h, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    last = _mosaic_gpu.recurrence_pnq(
+        *(jnp.asarray(v, jnp.float32) for v in (a, x, h0)), reverse=reverse, shifted=shifted,
+        activation=None, final_only=True, out_dtype=jnp.float32, interpret=INTERPRETER)
+    np.testing.assert_allclose(last, ref[:, :1] if reverse else ref[:, -1:], rtol=0,
+                               atol=2e-5 * np.abs(ref).max())
+
+
+def test_what_the_kernels_do_not_run_goes_to_the_xla_loop():
+    assert _mosaic_gpu.runs(jnp.float32) and _mosaic_gpu.runs(jnp.bfloat16)
+    assert not _mosaic_gpu.runs(jnp.float32, kind="pivoted")
+    assert not _mosaic_gpu.runs(jnp.float32, activation=jax.nn.relu)
+    args = [jnp.asarray(a, jnp.float32) for a in _bands((2, 9, 5), seed=1)]
+    for kind in ("pivoted", "periodic"):  # no kernel of theirs: the XLA loop, not interpreted
+        np.testing.assert_array_equal(
+            _mosaic_gpu.solve_pnq(*args, transposed=False, out_dtype=jnp.float32, kind=kind),
+            _xla_thomas.solve_pnq(*args, transposed=False, out_dtype=jnp.float32, kind=kind))
+    for dtype in (jnp.float64, jnp.complex64):
+        reason = _backend.unavailable("mosaic_gpu", jnp.dtype(dtype), platform="cuda")
+        assert reason is not None and "no " in reason
+    assert "NVIDIA" in _backend.unavailable("mosaic_gpu", jnp.dtype(jnp.float32), platform="rocm")
+    assert _backend.default_backend("cuda", jnp.float32) != "mosaic_gpu"  # opt-in until measured
+
+
+# --- deviceless compile for an H100 -----------------------------------------------------------
+
+ROWS = 1000
+MOSAIC_ENTRY_POINTS = {
+    "solve": ("tridiax._solve:lambda *a: solve(*a, axis={axis}, backend='mosaic_gpu')", 4),
+    "solve / grad": ("tridiax._solve:__import__('jax').grad(lambda *a: (solve(*a, axis={axis}, "
+                     "backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1, 2, 3))", 4),
+    "linear_recurrence": ("tridiax._recurrence:lambda a, x: recurrence(a, x, axis={axis}, "
+                          "backend='mosaic_gpu')", 2),
+    "linear_recurrence reverse / grad": (
+        "tridiax._recurrence:__import__('jax').grad(lambda a, x: (recurrence(a, x, axis={axis}, "
+        "reverse=True, backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1))", 2),
+}
+
+
+def _mosaic_cases(systems, dtype="float32"):
+    cases = {}
+    for name, (expression, arity) in MOSAIC_ENTRY_POINTS.items():
+        for axis in (0, -1):
+            shape = (ROWS, systems) if axis == 0 else (systems, ROWS)
+            cases[f"{name} axis={axis} {shape} {dtype}"] = (expression.format(axis=axis),
+                                                            [(shape, dtype)] * arity)
+    return cases
+
+
+def test_mosaic_gpu_entry_points_compile_for_an_h100():
+    _require_harness()
+    reports = compile_reports({**_mosaic_cases(WIDE), **_mosaic_cases(WIDE + 100, "bfloat16")})
+    assert not _errors(reports), _errors(reports)
+    problems = []
+    for case, r in reports.items():
+        mosaic = [k for k in r.kernels if k.origin == "mosaic_gpu"]
+        if not mosaic:
+            problems.append(f"{case}: no Mosaic GPU kernel: {[str(k) for k in r.kernels]}")
+        for k in mosaic:
+            if k.threads_per_block != 128 or k.shared_memory_bytes > H100_SHARED_MEMORY:
+                problems.append(f"{case}: {k}")
+            # Columns of 128 systems: wide problems in the (N, B) layout fill every SM. The
+            # (B, N) layout is transposed to it first, so it does too.
+            if k.blocks < SMS:
+                problems.append(f"{case}: fewer than {SMS} blocks: {k}")
+        for k in r.kernels:
+            if k.origin == "xla" and (k.spill_store_bytes or k.spill_load_bytes):
+                problems.append(f"{case}: spills: {k}")
+    assert not problems, "\n".join(problems)

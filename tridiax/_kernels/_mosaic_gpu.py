@@ -1,0 +1,321 @@
+"""Tridiagonal solves and linear recurrences as Pallas Mosaic GPU kernels (Hopper, sm_90+).
+
+The backend that outlives Pallas Triton (deprecated in jax 0.11). One CUDA block is one
+warpgroup of 128 threads and owns 128 columns (systems, or features) of one p of the
+(P, N, Q) view; thread j sweeps column j. Boxes of (rows x 128) values move between global
+and shared memory by TMA copies, coalesced, through a ring of `STAGES` shared-memory slots
+(each slot's loads signal one barrier; a slot is refilled once the store of the step before has
+read it), so the copies of later row blocks overlap the sweep of the current one. Results are
+written in place into the slot and stored back by TMA: out-of-bounds rows and columns of a
+ragged last box read as zeros and are not written, so N and Q may be anything.
+
+- Thomas (no pivoting): the forward sweep stores c' (a work output) and y' (into x); the
+  backward sweep reads both back block by block from the last one. Rows 0 and N-1 are peeled
+  (the first step of each sweep), so lower[0] and upper[N-1] are never read into the result
+  and the zeros of a ragged box never reach it.
+- Linear recurrence h[t] = a[t] h[t-1] + x[t] from h = 0: an initial state, a reversed or a
+  shifted coefficient are folded in by `recurrence_pnq` around the kernel.
+
+What this backend runs itself: real float32/float16/bfloat16 (computed in float32) Thomas
+solves, plain and transposed, and linear recurrences without an activation. Everything else
+(pivoted, periodic and factored kinds, float64, complex, IndRNN's activations and gates) runs
+the XLA formulation: Mosaic GPU has no float64, no complex and no masked loads. Layout: TMA
+boxes run along Q, so operands with Q < 128 and P > 1 (batch-first data, systems along P) are
+moved to (1, N, P*Q) by one XLA transpose each way, and broadcast operands are materialised.
+Rows of 16-bit operands are converted to float32 by XLA before the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._layout import broadcast_shape
+from . import _xla_recurrence, _xla_thomas
+
+LANES = 128  # columns of one block: one warpgroup, a column per thread
+STAGES = 3  # shared-memory slots of the TMA ring
+SOLVE_ROWS = 16  # rows per box: 4 operands x 3 slots x 16 x 128 x 4 B = 96 KiB of shared memory
+RECURRENCE_ROWS = 32
+# TMA wants 16-byte strides between rows: Q a multiple of 4 float32 values (padded if not).
+_ALIGN = 4
+_KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def runs(dtype, *, kind: str = "thomas", activation=None, gate=None) -> bool:
+    """Whether the Mosaic GPU kernels run this call themselves (else the XLA loop does)."""
+    return (jnp.dtype(dtype) in _KERNEL_DTYPES and kind == "thomas" and activation is None
+            and gate is None)
+
+
+def _modules():
+    # Imported on use: a JAX without Mosaic GPU still imports tridiax.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return pl, plgpu
+
+
+def _ring(pl, plgpu, steps, stages, load, sweep, *, reverse=False):
+    """The body of step s of a sweep over `steps` row blocks (last first when `reverse`) through
+    a ring of `stages` slots; it issues the loads of the first `stages` blocks when built.
+
+    load(block, slot) starts the TMA copies of a block into a slot (arriving on its barrier);
+    sweep(s, block, slot, carry) waits for them, sweeps the rows and starts the stores."""
+    block = (lambda s: steps - 1 - s) if reverse else (lambda s: s)
+    for s in range(min(stages, steps)):
+        load(block(s), s)
+
+    def step(s, carry):
+        slot = lax.rem(s, stages)
+        carry = sweep(s, block(s), slot, carry)
+        refill = s + stages - 1  # into the slot of step s - 1, once its store has read it
+
+        @pl.when(jnp.logical_and(s >= 1, refill < steps))
+        def _():
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            load(block(refill), lax.rem(refill, stages))
+
+        return carry
+
+    return step
+
+
+def _boxes(pl, plgpu, rows):
+    """box(ref, block): the (rows x LANES) box of this block's columns, row block `block`
+    (a traced start: the last box may run past N); loader(pairs, barrier): load(block, slot)
+    copying that box of each (global, shared) pair into the slot, arriving on its barrier."""
+    p = lax.axis_index("p")
+    cols = pl.ds(lax.axis_index("q") * LANES, LANES)
+
+    def box(ref, block):
+        return ref.at[p, pl.ds(jnp.int32(block) * rows, rows), cols]
+
+    def loader(pairs, barrier):
+        def load(block, slot):
+            for g, s in pairs:
+                plgpu.copy_gmem_to_smem(box(g, block), s.at[slot], barrier.at[slot])
+
+        return load
+
+    return box, loader
+
+
+def _run(step, steps, carry):
+    # Step 0 runs outside the loop: its block is a Python int (the peeled rows), and the loop
+    # then starts from a carry in the layout of the rows read from shared memory.
+    carry = step(0, carry)
+    return lax.fori_loop(1, steps, step, carry)
+
+
+def _thomas(a, b, c, d, *, interpret):
+    """x with a[i] x[i-1] + b[i] x[i] + c[i] x[i+1] = d[i] along axis 1 of (P, N, Q) float32
+    arrays, Q a multiple of _ALIGN (a[:, 0] and c[:, N-1] ignored)."""
+    pl, plgpu = _modules()
+    P, N, Q = d.shape
+    R = min(SOLVE_ROWS, N)
+    steps = -(-N // R)
+    S = min(STAGES, steps)
+
+    def body(a_g, b_g, c_g, d_g, x_g, cp_g, a_s, b_s, c_s, d_s, forward_bar, backward_bar):
+        box, loader = _boxes(pl, plgpu, R)
+        load_bands = loader(((a_g, a_s), (b_g, b_s), (c_g, c_s), (d_g, d_s)), forward_bar)
+
+        def eliminate(s, block, slot, carry):
+            plgpu.barrier_wait(forward_bar.at[slot])
+            lo, di, up, rhs = (ref.at[slot] for ref in (a_s, b_s, c_s, d_s))
+
+            def row(r, carry):
+                c_prev, y_prev = carry
+                sub = lo[r]
+                inv = 1.0 / (di[r] - sub * c_prev)
+                carry = (up[r] * inv, (rhs[r] - sub * y_prev) * inv)
+                up[r], rhs[r] = carry
+                return carry
+
+            first = 0
+            if isinstance(block, int) and block == 0:  # row 0: lower[0] is not read
+                inv = 1.0 / di[0]
+                carry = (up[0] * inv, rhs[0] * inv)
+                up[0], rhs[0] = carry
+                first = 1
+            carry = lax.fori_loop(first, R, row, carry, unroll=True)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(up, box(cp_g, block), commit_group=False)
+            plgpu.copy_smem_to_gmem(rhs, box(x_g, block))
+            return carry
+
+        zero = jnp.zeros((LANES,), jnp.float32)
+        _run(_ring(pl, plgpu, steps, S, load_bands, eliminate), steps, (zero, zero))
+        plgpu.wait_smem_to_gmem(0)  # c' and y' are in global memory before they are read back
+
+        load_work = loader(((cp_g, c_s), (x_g, d_s)), backward_bar)
+
+        def substitute(s, block, slot, x_next):
+            plgpu.barrier_wait(backward_bar.at[slot])
+            cp, y = c_s.at[slot], d_s.at[slot]
+            rows = R
+            if isinstance(block, int):  # the last block: x[N-1] = y'[N-1], upper[N-1] unread
+                rows = N - block * R - 1
+                x_next = y[rows]
+
+            def row(k, x_next):
+                r = rows - 1 - k
+                x = y[r] - cp[r] * x_next
+                y[r] = x
+                return x
+
+            x_next = lax.fori_loop(0, rows, row, x_next, unroll=True)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(y, box(x_g, block))
+            return x_next
+
+        _run(_ring(pl, plgpu, steps, S, load_work, substitute, reverse=True), steps, zero)
+        plgpu.wait_smem_to_gmem(0)
+
+    tile = plgpu.SMEM((S, R, LANES), jnp.float32)
+    out = jax.ShapeDtypeStruct((P, N, Q), jnp.float32)
+    x, _ = plgpu.kernel(
+        body, out_type=(out, out),
+        scratch_types=[tile, tile, tile, tile, plgpu.Barrier(num_arrivals=4, num_barriers=S),
+                       plgpu.Barrier(num_arrivals=2, num_barriers=S)],
+        grid=(P, -(-Q // LANES)), grid_names=("p", "q"), interpret=interpret,
+    )(a, b, c, d)
+    return x
+
+
+def _recurrence(a, x, *, interpret):
+    """h[t] = a[t] h[t-1] + x[t] from h = 0 along axis 1 of (P, T, Q) float32 arrays, Q a
+    multiple of _ALIGN."""
+    pl, plgpu = _modules()
+    P, T, Q = x.shape
+    R = min(RECURRENCE_ROWS, T)
+    steps = -(-T // R)
+    S = min(STAGES, steps)
+
+    def body(a_g, x_g, h_g, a_s, x_s, bar):
+        box, loader = _boxes(pl, plgpu, R)
+        load = loader(((a_g, a_s), (x_g, x_s)), bar)
+
+        def sweep(s, block, slot, h):
+            plgpu.barrier_wait(bar.at[slot])
+            coefficient, values = a_s.at[slot], x_s.at[slot]
+
+            def row(r, h):
+                h = coefficient[r] * h + values[r]
+                values[r] = h
+                return h
+
+            h = lax.fori_loop(0, R, row, h, unroll=True)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(values, box(h_g, block))
+            return h
+
+        _run(_ring(pl, plgpu, steps, S, load, sweep), steps, jnp.zeros((LANES,), jnp.float32))
+        plgpu.wait_smem_to_gmem(0)
+
+    tile = plgpu.SMEM((S, R, LANES), jnp.float32)
+    return plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((P, T, Q), jnp.float32),
+        scratch_types=[tile, tile, plgpu.Barrier(num_arrivals=2, num_barriers=S)],
+        grid=(P, -(-Q // LANES)), grid_names=("p", "q"), interpret=interpret,
+    )(a, x)
+
+
+# --- Around the kernels: layout, dtype and the folded-in parts of each call ------------------
+
+
+def _to_columns(arrays, *, rows=None, fills=None):
+    """Full float32 (P', N', Q') arrays with columns along Q' (a multiple of _ALIGN), and the
+    function that puts a result back in the (P, N, Q) layout.
+
+    `rows`: pad N and Q' to whole (rows x LANES) boxes, with `fills` (a value per array), for
+    the interpreter: the jax 0.10.2 Mosaic GPU interpreter drops a TMA store that is partly
+    out of bounds, where the hardware writes the part inside."""
+    P, N, Q = broadcast_shape(*arrays)
+    full = [jnp.broadcast_to(x, (P, N, Q)).astype(jnp.float32) for x in arrays]
+    moved = Q < LANES and P > 1
+    if moved:  # systems along P: put them along the columns
+        full = [x.transpose(1, 0, 2).reshape(1, N, P * Q) for x in full]
+    width = full[0].shape[2]
+    pad_n = 0 if rows is None else -N % rows
+    pad_q = -width % (_ALIGN if rows is None else LANES)
+    if pad_n or pad_q:
+        full = [jnp.pad(x, ((0, 0), (0, pad_n), (0, pad_q)), constant_values=fill)
+                for x, fill in zip(full, fills or (0,) * len(full), strict=True)]
+
+    def back(y):
+        y = y[:, :N, :width]
+        return y.reshape(N, P, Q).transpose(1, 0, 2) if moved else y
+
+    return full, back
+
+
+def _shift(x, by: int):
+    """x moved `by` rows along axis 1 (down for by > 0), zeros coming in."""
+    N = x.shape[1]
+    if N == 1:
+        return jnp.zeros_like(x)
+    zeros = jnp.zeros_like(x[:, :1])
+    return (jnp.concatenate([zeros, x[:, :-1]], 1) if by > 0
+            else jnp.concatenate([x[:, 1:], zeros], 1))
+
+
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
+              interpret=None, tiles=None):
+    """Solve along axis 1 of (P|1, N|1, Q|1) operands (see `_xla_thomas.solve_pnq`)."""
+    if not runs(out_dtype, kind=kind):
+        return _xla_thomas.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
+                                     kind=kind)
+    del tiles  # the box is fixed: 128 columns, SOLVE_ROWS rows
+    P, N, Q = broadcast_shape(l, d, u, b)
+    l, d, u, b = (jnp.broadcast_to(x, (P, N, Q)) for x in (l, d, u, b))
+    if transposed:  # the bands of A^T: sub[i] = upper[i-1], sup[i] = lower[i+1]
+        l, u = _shift(u, 1), _shift(l, -1)
+    if interpret is not None:  # padded rows (diag 1) must not couple to row N-1
+        u = u.at[:, N - 1:].set(0)
+    (l, d, u, b), back = _to_columns(
+        (l, d, u, b), rows=None if interpret is None else min(SOLVE_ROWS, N), fills=(0, 1, 0, 0))
+    return back(_thomas(l, d, u, b, interpret=interpret)).astype(out_dtype)
+
+
+def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
+                   out_dtype, interpret=None, tiles=None):
+    """Run along axis 1 of (P|1, T|1, Q|1) operands (see `_xla_recurrence.recurrence_pnq`)."""
+    if not runs(out_dtype, activation=activation):
+        return _xla_recurrence.recurrence_pnq(a, x, h0, reverse=reverse, shifted=shifted,
+                                              activation=activation, final_only=final_only,
+                                              out_dtype=out_dtype)
+    del tiles
+    P, T, Q = broadcast_shape(a, x, h0)
+    a = jnp.broadcast_to(a, (P, T, Q)).astype(jnp.float32)
+    x = jnp.broadcast_to(x, (P, T, Q)).astype(jnp.float32)
+    if shifted:  # coefficient at step t: a at the previous step (zero at the first)
+        a = _shift(a, -1 if reverse else 1)
+    if reverse:
+        a, x = jnp.flip(a, 1), jnp.flip(x, 1)
+    # The initial state enters through the first step: h[0] = a[0] h0 + x[0].
+    x = x.at[:, :1].add(a[:, :1] * jnp.broadcast_to(h0, (P, 1, Q)).astype(jnp.float32))
+    (a, x), back = _to_columns((a, x), rows=None if interpret is None else min(RECURRENCE_ROWS, T))
+    h = back(_recurrence(a, x, interpret=interpret))
+    if reverse:
+        h = jnp.flip(h, 1)
+    if final_only:
+        h = h[:, :1] if reverse else h[:, -1:]
+    return h.astype(out_dtype)
+
+
+@functools.cache
+def interpret_params():
+    """The Mosaic GPU interpreter's settings (`interpret=` of the kernels, for tests on CPU):
+    out-of-bounds TMA reads give zeros, as the hardware's copies do. None where this JAX has
+    no such interpreter (`_jax_private.mosaic_gpu_interpreter`)."""
+    from .. import _jax_private
+
+    params = _jax_private.mosaic_gpu_interpreter()
+    if params is None:
+        return None
+    return params(out_of_bounds_reads="uninitialized", uninitialized_memory="zero")
