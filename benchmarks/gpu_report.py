@@ -10,7 +10,8 @@ Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also run
    and GPU lowering tests), its summary line;
 3. bandwidth of every kind (plain, pivoted, periodic, periodic pivoted, factored solve,
    linear recurrence, IndRNN), in both layouts ((N, B) along axis 0 and (B, N) along the last
-   axis), per backend that runs on the device: time, GB/s of the bytes each call must move
+   axis), per backend that runs on the device (on CUDA: pallas_triton, xla and the opt-in
+   mosaic_gpu, whose figures decide whether it becomes the default): time, GB/s of the bytes each call must move
    (inputs read once, the output written once), that as a fraction of the device's peak, and
    the ratio to a fused XLA elementwise op moving the same bytes (the floor);
 4. the shape table of bench_shapes.py (many short systems, few long ones, one very long one,
@@ -59,8 +60,9 @@ def peak_gbs(device) -> float:
 
 
 def device_backends(platform: str) -> list[str]:
-    """The backends that run on this platform (the interpret mode only tests)."""
-    names = [b for b in _backend.PREFERENCE.get(platform, ("xla",))]
+    """The backends that run on this platform: its PREFERENCE list and the opt-in ones (the
+    interpret mode only tests)."""
+    names = [*_backend.PREFERENCE.get(platform, ("xla",))] + ["mosaic_gpu"] * (platform == "cuda")
     return [b for b in names if _backend.unavailable(b, jnp.float32, platform=platform) is None]
 
 
