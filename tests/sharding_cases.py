@@ -220,3 +220,47 @@ def test_inside_shard_map_each_device_solves_its_block():
                       in_specs=P(None, "x"), out_specs=P(None, "x"))
     out, moved = run_sharded(f, arrays, mesh, P(None, "x"))
     assert moved == []
+
+
+# --- no Pallas Triton deprecation warning from the per-device kernels -------------------------
+
+
+def test_sharded_kernels_lower_without_the_triton_warning(monkeypatch):
+    # JAX's partitioner lowers each device's function outside tridiax's lowering rules; make
+    # every Pallas lowering warn as jax >= 0.11 does for Triton and check none reaches us.
+    import dataclasses
+    import warnings
+
+    from jax._src.interpreters import mlir
+    from jax._src.pallas.pallas_call import pallas_call_p
+
+    from tridiax._recurrence import recurrence
+    from tridiax._solve import solve
+
+    entry = mlir._lowerings[pallas_call_p]
+
+    def warning_rule(*args, **kwargs):
+        warnings.warn("The Pallas Triton backend is deprecated and will be removed in a future "
+                      "JAX version.", DeprecationWarning, stacklevel=2)
+        return entry.rule(*args, **kwargs)
+
+    monkeypatch.setitem(mlir._lowerings, pallas_call_p, dataclasses.replace(entry, rule=warning_rule))
+    mesh = mesh_of("8")
+    bands = random_bands((64, 16), np.float64, seed=3)
+    for spec in (P(None, "x"), P("x", None)):  # the batch split; the solve axis split
+        def f(l, d, u, b):
+            return (solve(l, d, u, b, axis=0, backend="pallas_interpret"),
+                    recurrence(0.5 * d, b, axis=0, backend="pallas_interpret"))
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_sharded(f, bands, mesh, spec)
+        assert not [w for w in caught if "Pallas Triton" in str(w.message)], spec
+    # The same rule does warn outside tridiax (the check above can fail).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.jit(lambda x: jax.experimental.pallas.pallas_call(
+            lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+            out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), interpret=True)(x)).lower(
+            jnp.ones(8, jnp.float32))
+    assert [w for w in caught if "Pallas Triton" in str(w.message)]

@@ -21,8 +21,9 @@ each name in turn and checks its fallback):
 |   params.InterpretGPUParams                | backend (tests on CPU)       |                               |
 
 The Triton backend's deprecation warning (jax >= 0.11) is silenced around tridiax's own
-lowerings only (`quiet_triton_deprecation`): a user cannot act on it, and tridiax falls back
-on its own once the backend is gone. Other code's warnings are left alone.
+lowerings only (`quiet_triton_deprecation`: the primitives' lowering rules, and the per-device
+functions of sharded calls, `_sharding._quietly_lowered`): a user cannot act on it, and
+tridiax falls back on its own once the backend is gone. Other code's warnings are left alone.
 """
 
 from __future__ import annotations

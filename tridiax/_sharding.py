@@ -24,8 +24,10 @@ import contextvars
 import math
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -65,6 +67,32 @@ def register_lowering(primitive, fn: Callable, platform: str, *,
             _PARTITION.reset(token)
 
     mlir.register_lowering(primitive, rule, platform=platform)
+
+
+# The per-device function of a sharded call is lowered by JAX's partitioner, outside the
+# primitives' lowering rules: it runs behind this primitive, whose lowering is as quiet.
+_quiet_call_p = Primitive("tridiax_quiet_call")
+_quiet_call_p.multiple_results = True
+_quiet_call_p.def_abstract_eval(lambda *args, jaxpr: jaxpr.out_avals)
+
+
+def _quiet_call_lowering(ctx, *args, jaxpr):
+    with _jax_private.quiet_triton_deprecation():
+        return mlir.lower_fun(jaxpr_as_fun(jaxpr), multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(_quiet_call_p, _quiet_call_lowering)
+
+
+def _quietly_lowered(fn: Callable) -> Callable:
+    """`fn`, whose lowering silences the Pallas Triton deprecation warning (as `rule` does)."""
+
+    def call(*args):
+        jaxpr, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+        outs = _quiet_call_p.bind(*args, jaxpr=jaxpr)
+        return jax.tree.unflatten(jax.tree.structure(shapes), outs)
+
+    return call
 
 
 def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
@@ -129,7 +157,7 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
         else:
             fn = local
             operand_shardings, out_sharding = specs(mesh, sharding, axis_entry=None)
-        return mesh, fn, out_sharding, operand_shardings
+        return mesh, _quietly_lowered(fn), out_sharding, operand_shardings
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
         # GSPMD path (Shardy off): follow the operand with the most full-size dimensions.
