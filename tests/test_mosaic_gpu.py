@@ -17,7 +17,7 @@ from helpers import RTOL, numpy_loop
 from test_gpu_compile import SMS, WIDE, _errors, _require_harness
 
 from tridiax import _backend, _jax_private, verify
-from tridiax._kernels import _mosaic_gpu, _xla_thomas
+from tridiax._kernels import _mosaic_gpu, _xla_recurrence, _xla_thomas
 
 H100_SHARED_MEMORY = 227 * 1024  # bytes one block may use
 
@@ -103,15 +103,71 @@ def test_recurrence_kernel_in_the_interpreter(shape, reverse, shifted):
                                atol=2e-5 * np.abs(ref).max())
 
 
+@needs_interpreter
+@pytest.mark.parametrize("kind", ["periodic", "pivoted", "factored"])
+@pytest.mark.parametrize("shape", [(1, 7, 5), (2, 33, 130), (6, 4, 1)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_other_kinds_in_the_interpreter(kind, shape, transposed):
+    # The Triton kernel bodies over a warpgroup's 128 columns (WarpgroupRows). Pivoted kinds get
+    # matrices that need row swaps.
+    rng = np.random.default_rng(sum(shape) + len(kind))
+    lower, diag, upper, rhs = (rng.uniform(-1, 1, shape) for _ in range(4))
+    if "pivoted" not in kind:
+        diag = diag + 3
+    args = [jnp.asarray(a, jnp.float32) for a in (lower, diag, upper, rhs)]
+    lower, diag, upper, rhs = (np.asarray(a, np.float64) for a in args)
+    if kind == "factored":
+        factors = _xla_thomas.factor_pnq(*args[:3], out_dtype=jnp.float32)
+        args = [*factors, args[3]]
+    x = _mosaic_gpu.solve_pnq(*args, transposed=transposed, out_dtype=jnp.float32, kind=kind,
+                              interpret=INTERPRETER)
+    if kind == "periodic":  # corners lower[0] = A[0, N-1], upper[N-1] = A[N-1, 0]
+        if transposed:
+            lower, upper = np.roll(upper, 1, axis=1), np.roll(lower, -1, axis=1)
+        ref = verify.reference_solve(lower, diag, upper, rhs, axis=1, periodic=True)
+    else:
+        ref = _reference(lower, diag, upper, rhs, transposed)
+    assert x.shape == shape
+    np.testing.assert_allclose(x, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("activation", [jax.nn.relu, jnp.tanh])
+@pytest.mark.parametrize("shape", [(1, 40, 33), (3, 20, 1)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_indrnn_recurrence_in_the_interpreter(activation, shape, reverse):
+    rng = np.random.default_rng(sum(shape))
+    a, x = rng.uniform(0.3, 1.0, shape), rng.standard_normal(shape)
+    h0 = rng.standard_normal((shape[0], 1, shape[2]))
+    for final_only in (False, True):
+        h = _mosaic_gpu.recurrence_pnq(
+            *(jnp.asarray(v, jnp.float32) for v in (a, x, h0)), reverse=reverse, shifted=False,
+            activation=activation, final_only=final_only, out_dtype=jnp.float32,
+            interpret=INTERPRETER)
+        ref = numpy_loop(a, x, axis=1, reverse=reverse, initial=h0[:, 0],
+                         activation=np.tanh if activation is jnp.tanh else lambda v: np.maximum(v, 0))
+        if final_only:
+            ref = ref[:, :1] if reverse else ref[:, -1:]
+        np.testing.assert_allclose(h, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
 def test_what_the_kernels_do_not_run_goes_to_the_xla_loop():
     assert _mosaic_gpu.runs(jnp.float32) and _mosaic_gpu.runs(jnp.bfloat16)
-    assert not _mosaic_gpu.runs(jnp.float32, kind="pivoted")
-    assert not _mosaic_gpu.runs(jnp.float32, activation=jax.nn.relu)
-    args = [jnp.asarray(a, jnp.float32) for a in _bands((2, 9, 5), seed=1)]
-    for kind in ("pivoted", "periodic"):  # no kernel of theirs: the XLA loop, not interpreted
-        np.testing.assert_array_equal(
-            _mosaic_gpu.solve_pnq(*args, transposed=False, out_dtype=jnp.float32, kind=kind),
-            _xla_thomas.solve_pnq(*args, transposed=False, out_dtype=jnp.float32, kind=kind))
+    assert _mosaic_gpu.runs(jnp.float32, activation=jax.nn.relu)
+    assert not _mosaic_gpu.runs(jnp.float32, gate=(None, jax.nn.relu))
+
+    @jax.custom_jvp
+    def custom(v):  # Mosaic GPU lowers no custom_jvp call: this one runs the XLA loop
+        return jnp.maximum(v, 0.1 * v)
+
+    custom.defjvp(lambda primals, tangents: (custom(primals[0]), tangents[0]))
+    assert not _mosaic_gpu.runs(jnp.float32, activation=custom)
+    a, x = jnp.full((1, 5, 3), 0.5), jnp.ones((1, 5, 3))
+    kwargs = dict(reverse=False, shifted=False, activation=custom, final_only=False,
+                  out_dtype=jnp.float32)
+    np.testing.assert_array_equal(  # not interpreted: the XLA loop ran
+        _mosaic_gpu.recurrence_pnq(a, x, jnp.zeros((1, 1, 3)), **kwargs),
+        _xla_recurrence.recurrence_pnq(a, x, jnp.zeros((1, 1, 3)), **kwargs))
     for dtype in (jnp.float64, jnp.complex64):
         reason = _backend.unavailable("mosaic_gpu", jnp.dtype(dtype), platform="cuda")
         assert reason is not None and "no " in reason
@@ -131,6 +187,16 @@ MOSAIC_ENTRY_POINTS = {
     "linear_recurrence reverse / grad": (
         "tridiax._recurrence:__import__('jax').grad(lambda a, x: (recurrence(a, x, axis={axis}, "
         "reverse=True, backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1))", 2),
+    **{f"{name} / grad": (
+        "tridiax._solve:__import__('jax').grad(lambda *a: (solve(*a, axis={axis}, "
+        f"{flags}, backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1, 2, 3))", 4)
+       for name, flags in (("periodic", "periodic=True"), ("pivoted", "pivoting=True"),
+                           ("periodic pivoted", "periodic=True, pivoting=True"))},
+    "factored solve": ("tridiax:lambda l, d, u, b: TDMA(backend='mosaic_gpu').factor("
+                       "Tridiagonal(l, d, u, axis={axis})).solve(b)", 4),
+    "indrnn / grad": ("tridiax._recurrence:__import__('jax').grad(lambda a, x: (recurrence(a, x, "
+                      "axis={axis}, activation=__import__('jax').nn.relu, backend='mosaic_gpu') "
+                      "** 2).sum(), argnums=(0, 1))", 2),
 }
 
 
@@ -156,6 +222,8 @@ def test_mosaic_gpu_entry_points_compile_for_an_h100():
         for k in mosaic:
             if k.threads_per_block != 128 or k.shared_memory_bytes > H100_SHARED_MEMORY:
                 problems.append(f"{case}: {k}")
+            if k.shared_memory_bytes == 0 and case.startswith(("solve ", "linear_recurrence")):
+                problems.append(f"{case}: the TMA kernel did not run: {k}")
             # Columns of 128 systems: wide problems in the (N, B) layout fill every SM. The
             # (B, N) layout is transposed to it first, so it does too.
             if k.blocks < SMS:

@@ -9,8 +9,8 @@
 |                    |                                                    | JAX has the Triton backend  |
 | "xla"              | fori_loop formulations `_kernels/_xla_*.py`        | everywhere                  |
 | "mosaic_gpu"       | Pallas Mosaic GPU kernels `_kernels/_mosaic_gpu.py`| NVIDIA Hopper (sm_90+),     |
-|                    | (real 16/32-bit Thomas solves and linear           | when asked for: not yet     |
-|                    | recurrences; other kinds run the XLA loop)         | measured against Triton     |
+|                    | (every kind and recurrence, real 16/32-bit)        | when asked for: not yet     |
+|                    |                                                    | measured against Triton     |
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)       | anywhere, when asked for    |
 
 The Mosaic GPU kernels are tested on CPU by calling them in JAX's Mosaic GPU interpreter

@@ -16,13 +16,17 @@ ragged last box read as zeros and are not written, so N and Q may be anything.
 - Linear recurrence h[t] = a[t] h[t-1] + x[t] from h = 0: an initial state, a reversed or a
   shifted coefficient are folded in by `recurrence_pnq` around the kernel.
 
-What this backend runs itself: real float32/float16/bfloat16 (computed in float32) Thomas
-solves, plain and transposed, and linear recurrences without an activation. Everything else
-(pivoted, periodic and factored kinds, float64, complex, IndRNN's activations and gates) runs
-the XLA formulation: Mosaic GPU has no float64, no complex and no masked loads. Layout: TMA
-boxes run along Q, so operands with Q < 128 and P > 1 (batch-first data, systems along P) are
-moved to (1, N, P*Q) by one XLA transpose each way, and broadcast operands are materialised.
-Rows of 16-bit operands are converted to float32 by XLA before the kernel.
+The other kinds (periodic, pivoted, pivoted periodic, factored) and IndRNN's nonlinear
+recurrences run the Triton kernels' bodies (`_pallas_thomas.py`, `_pallas_recurrence.py`)
+through `WarpgroupRows`: each row a coalesced 512-byte load or store from global memory, no
+TMA pipeline, Q padded to whole 128-column tiles.
+
+Real float32/float16/bfloat16 only (computed in float32; Mosaic GPU has no float64 or
+complex: `_backend.unavailable` refuses them). An activation that calls a custom_jvp (other
+than jax.nn.relu, rewritten as a maximum) and the gated recurrences run the XLA loop. Layout:
+boxes run along Q, so operands with Q < 128 and P > 1 (batch-first data, systems along P)
+are moved to (1, N, P*Q) by one XLA transpose each way, and broadcast operands are
+materialised; 16-bit operands are converted to float32 by XLA before the kernel.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._layout import broadcast_shape
-from . import _xla_recurrence, _xla_thomas
+from . import _pallas_recurrence, _pallas_thomas, _xla_recurrence, _xla_thomas
 
 LANES = 128  # columns of one block: one warpgroup, a column per thread
 STAGES = 3  # shared-memory slots of the TMA ring
@@ -45,10 +49,24 @@ _ALIGN = 4
 _KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def runs(dtype, *, kind: str = "thomas", activation=None, gate=None) -> bool:
+def runs(dtype, *, activation=None, gate=None) -> bool:
     """Whether the Mosaic GPU kernels run this call themselves (else the XLA loop does)."""
-    return (jnp.dtype(dtype) in _KERNEL_DTYPES and kind == "thomas" and activation is None
-            and gate is None)
+    return (jnp.dtype(dtype) in _KERNEL_DTYPES and gate is None
+            and (activation is None or _kernel_activation(activation) is not None))
+
+
+def _kernel_activation(activation):
+    """`activation` as the kernel can apply it, or None: Mosaic GPU lowers no custom_jvp or
+    custom_vjp call, so relu (a custom_jvp in jax.nn) becomes a maximum, and an activation
+    that calls one elsewhere runs the XLA loop."""
+    if activation is jax.nn.relu:
+        return lambda v: jnp.maximum(v, 0.0)
+    try:
+        jaxpr = jax.make_jaxpr(activation)(jnp.zeros((LANES,), jnp.float32)).jaxpr
+    except Exception:  # noqa: BLE001 - anything the kernel could not trace either
+        return None
+    custom = any(eqn.primitive.name.startswith(("custom_jvp", "custom_vjp")) for eqn in jaxpr.eqns)
+    return None if custom else activation
 
 
 def _modules():
@@ -187,6 +205,66 @@ def _thomas(a, b, c, d, *, interpret):
     return x
 
 
+class WarpgroupRows:
+    """Row access for the other kinds: the interface of `_pallas_tiles.TileRows` (load, store,
+    full, zero) over this block's 128 columns of full (P, N, Q) float32 arrays in global
+    memory, so the Triton kernel bodies of `_pallas_thomas.py` run here unchanged. Each row is
+    a coalesced 512-byte access; Q is a multiple of 128 (padded), so nothing is masked."""
+
+    def __init__(self, P, Q, tiles, compute_dtype, *, interpret=None):
+        pl, plgpu = _modules()
+        del P, Q, tiles, compute_dtype  # the arrays are full float32 (P, N, Q)
+        self.p = lax.axis_index("p")
+        self.cols = pl.ds(lax.axis_index("q") * LANES, LANES)
+        # Values built from constants must have the rows' (strided) layout to be loop carries:
+        # a zero row of that layout, to add them to. (The interpreter knows no layouts, and no
+        # layout_cast.)
+        layout = None if interpret else plgpu.Layout.WG_STRIDED((LANES,), vec_size=1)
+        self._zeros = plgpu.broadcasted_iota(jnp.float32, (LANES,), 0, layout=layout) * 0
+
+    def load(self, ref, i):
+        return ref[self.p, i, self.cols]
+
+    def store(self, ref, i, value):
+        ref[self.p, i, self.cols] = self.full(value)
+
+    def full(self, value):
+        return self._zeros + value
+
+    def zero(self, like):
+        del like
+        return self._zeros
+
+
+def _other_kind(l, d, u, b, *, kind, transposed, interpret):
+    """The periodic, pivoted and factored solves of full float32 (P, N, Q) arrays, Q a
+    multiple of LANES: `_pallas_thomas`'s kernel body over `WarpgroupRows`."""
+    _, plgpu = _modules()
+    P, N, Q = b.shape
+    work = _pallas_thomas._WORK_OUTPUTS[kind]
+    out = jax.ShapeDtypeStruct((P, N, Q), jnp.float32)
+    body = functools.partial(_pallas_thomas._kernel, n=N, kind=kind, transposed=transposed,
+                             tiles=None, P=P, Q=Q,
+                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
+    outs = plgpu.kernel(body, out_type=(out,) * (1 + work), grid=(P, Q // LANES),
+                        grid_names=("p", "q"), interpret=interpret)(l, d, u, b)
+    return outs[0]
+
+
+def _activated_recurrence(a, x, h0, *, activation, reverse, shifted, final_only, interpret):
+    """h[t] = activation(c[t] h[t-1] + x[t]) (IndRNN) over full float32 (P, T, Q) arrays, Q a
+    multiple of LANES: `_pallas_recurrence`'s kernel body over `WarpgroupRows`."""
+    _, plgpu = _modules()
+    P, T, Q = x.shape
+    body = functools.partial(_pallas_recurrence._recurrence_kernel, T=T, reverse=reverse,
+                             shifted=shifted, activation=activation, final_only=final_only,
+                             tiles=None, P=P, Q=Q,
+                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
+    out = jax.ShapeDtypeStruct((P, 1 if final_only else T, Q), jnp.float32)
+    return plgpu.kernel(body, out_type=out, grid=(P, Q // LANES), grid_names=("p", "q"),
+                        interpret=interpret)(a, x, h0)
+
+
 def _recurrence(a, x, *, interpret):
     """h[t] = a[t] h[t-1] + x[t] from h = 0 along axis 1 of (P, T, Q) float32 arrays, Q a
     multiple of _ALIGN."""
@@ -228,13 +306,14 @@ def _recurrence(a, x, *, interpret):
 # --- Around the kernels: layout, dtype and the folded-in parts of each call ------------------
 
 
-def _to_columns(arrays, *, rows=None, fills=None):
-    """Full float32 (P', N', Q') arrays with columns along Q' (a multiple of _ALIGN), and the
-    function that puts a result back in the (P, N, Q) layout.
+def _to_columns(arrays, *, rows=None, columns=_ALIGN, fills=None):
+    """Full float32 (P', N', Q') arrays with columns along Q' (a multiple of `columns`, padded
+    with `fills`, a value per array), and the function that puts a result back in the
+    (P, N, Q) layout.
 
-    `rows`: pad N and Q' to whole (rows x LANES) boxes, with `fills` (a value per array), for
-    the interpreter: the jax 0.10.2 Mosaic GPU interpreter drops a TMA store that is partly
-    out of bounds, where the hardware writes the part inside."""
+    `rows`: pad N and Q' to whole (rows x LANES) boxes, for the interpreter: the jax 0.10.2
+    Mosaic GPU interpreter drops a TMA store that is partly out of bounds, where the hardware
+    writes the part inside."""
     P, N, Q = broadcast_shape(*arrays)
     full = [jnp.broadcast_to(x, (P, N, Q)).astype(jnp.float32) for x in arrays]
     moved = Q < LANES and P > 1
@@ -242,14 +321,15 @@ def _to_columns(arrays, *, rows=None, fills=None):
         full = [x.transpose(1, 0, 2).reshape(1, N, P * Q) for x in full]
     width = full[0].shape[2]
     pad_n = 0 if rows is None else -N % rows
-    pad_q = -width % (_ALIGN if rows is None else LANES)
+    pad_q = -width % (columns if rows is None else LANES)
     if pad_n or pad_q:
         full = [jnp.pad(x, ((0, 0), (0, pad_n), (0, pad_q)), constant_values=fill)
                 for x, fill in zip(full, fills or (0,) * len(full), strict=True)]
 
-    def back(y):
-        y = y[:, :N, :width]
-        return y.reshape(N, P, Q).transpose(1, 0, 2) if moved else y
+    def back(y):  # y has N rows, or one (a final state)
+        rows_out = min(N, y.shape[1])
+        y = y[:, :rows_out, :width]
+        return y.reshape(rows_out, P, Q).transpose(1, 0, 2) if moved else y
 
     return full, back
 
@@ -267,11 +347,15 @@ def _shift(x, by: int):
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
               interpret=None, tiles=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands (see `_xla_thomas.solve_pnq`)."""
-    if not runs(out_dtype, kind=kind):
+    if not runs(out_dtype):
         return _xla_thomas.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
                                      kind=kind)
     del tiles  # the box is fixed: 128 columns, SOLVE_ROWS rows
     P, N, Q = broadcast_shape(l, d, u, b)
+    if kind != "thomas":  # whole 128-column tiles, padded with solvable systems (diagonal 1)
+        (l, d, u, b), back = _to_columns((l, d, u, b), columns=LANES, fills=(0, 1, 0, 0))
+        x = _other_kind(l, d, u, b, kind=kind, transposed=transposed, interpret=interpret)
+        return back(x).astype(out_dtype)
     l, d, u, b = (jnp.broadcast_to(x, (P, N, Q)) for x in (l, d, u, b))
     if transposed:  # the bands of A^T: sub[i] = upper[i-1], sup[i] = lower[i+1]
         l, u = _shift(u, 1), _shift(l, -1)
@@ -291,6 +375,14 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
                                               out_dtype=out_dtype)
     del tiles
     P, T, Q = broadcast_shape(a, x, h0)
+    if activation is not None:  # nonlinear: whole 128-column tiles, the generic body
+        h0 = jnp.broadcast_to(h0, (P, 1, Q))
+        (a, x), back = _to_columns((a, x), columns=LANES)
+        (h0,), _ = _to_columns((h0,), columns=LANES)
+        h = _activated_recurrence(a, x, h0, activation=_kernel_activation(activation),
+                                  reverse=reverse,
+                                  shifted=shifted, final_only=final_only, interpret=interpret)
+        return back(h).astype(out_dtype)
     a = jnp.broadcast_to(a, (P, T, Q)).astype(jnp.float32)
     x = jnp.broadcast_to(x, (P, T, Q)).astype(jnp.float32)
     if shifted:  # coefficient at step t: a at the previous step (zero at the first)

@@ -19,8 +19,8 @@ from ._split_complex import select
 
 
 def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, reverse, shifted, activation,
-                       final_only, tiles, P, Q):
-    rows = TileRows(P, Q, tiles, compute_dtype(h_ref.dtype))
+                       final_only, tiles, P, Q, rows_class=TileRows):
+    rows = rows_class(P, Q, tiles, compute_dtype(h_ref.dtype))
     act = activation or (lambda v: v)
 
     def time(k):

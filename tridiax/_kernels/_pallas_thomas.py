@@ -40,10 +40,13 @@ from ._xla_thomas import pivot_step
 _WORK_OUTPUTS = {"thomas": 1, "factored": 0, "periodic": 2, "pivoted": 3}
 
 
-def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tiles, P, Q):
+def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tiles, P, Q,
+            rows_class=TileRows):
+    """The sweeps of one program's tile; `rows_class` gives its row access (Triton's masked
+    tiles, or the Mosaic GPU warpgroup's columns of `_mosaic_gpu.py`)."""
     half = len(extra) > _WORK_OUTPUTS[kind]  # one more: y' in float32 for a half-precision x
     y_ref = extra[-1] if half else x_ref
-    rows = TileRows(P, Q, tiles, x_ref.dtype if not half else extra[-1].dtype)
+    rows = rows_class(P, Q, tiles, x_ref.dtype if not half else extra[-1].dtype)
     load, store, full = rows.load, rows.store, rows.full
 
     def sub(i):
@@ -170,7 +173,7 @@ def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u
              *, n):
     """Elimination with partial pivoting (`_xla_thomas.pivot_step`); U's rows are stored as
     1/pivot, U1, U2 (work outputs) and y, then substituted back from the last row."""
-    zero = zeros_like(full(load(d_ref, 0)))
+    zero = full(zeros_like(load(d_ref, 0)))  # full(): the row layout, for loop carries
     pending = (full(load(d_ref, 0)), full(sup(0)) if n > 1 else zero, full(load(b_ref, 0)))
 
     def forward(i, pending):
