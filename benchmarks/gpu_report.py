@@ -6,8 +6,9 @@ Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also run
 (with --quick: small shapes, a smoke run of the script itself). It writes a markdown report:
 
 1. the machine: device, jax and jaxlib, the backend each operation picks per dtype;
-2. the GPU test subset (`pytest -m "not large"` on the solve, recurrence, chunking, backend
-   and GPU lowering tests), its summary line;
+2. the GPU test subset (`pytest -m "not large"` on the solve, recurrence, chunking, backend,
+   GPU lowering and Mosaic GPU tests: on a GPU they compare Triton, Mosaic GPU and XLA with
+   the references), its summary line;
 3. bandwidth of every kind (plain, pivoted, periodic, periodic pivoted, factored solve,
    linear recurrence, IndRNN), in both layouts ((N, B) along axis 0 and (B, N) along the last
    axis), per backend that runs on the device (on CUDA: pallas_triton, xla and the opt-in
@@ -46,7 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Peak memory bandwidth (GB/s) by device kind (vendor figures), for the fraction column.
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0}
 TEST_FILES = ["tests/test_solve.py", "tests/test_recurrence.py", "tests/test_chunked.py",
-              "tests/test_jax_private.py", "tests/test_gpu_lowering.py"]
+              "tests/test_jax_private.py", "tests/test_gpu_lowering.py", "tests/test_mosaic_gpu.py"]
 KINDS = {  # name: (keyword arguments of solve, or "factored" / "recurrence" / "indrnn")
     "plain": {}, "pivoted": {"pivoting": True}, "periodic": {"periodic": True},
     "periodic pivoted": {"periodic": True, "pivoting": True},

@@ -7,16 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 
 CPU_BACKENDS = ("native", "xla", "pallas_interpret")
-GPU_BACKENDS = ("pallas_triton", "xla")
+GPU_BACKENDS = ("pallas_triton", "mosaic_gpu", "xla")  # each where it runs the dtype
 
 
 def backends(dtype=None) -> tuple[str, ...]:
     """Every backend that runs on this machine's default device (and supports `dtype`)."""
     from tridiax._backend import unavailable
 
-    found = GPU_BACKENDS if jax.default_backend() in ("gpu", "cuda", "rocm") else CPU_BACKENDS
-    return tuple(b for b in found
-                 if unavailable(b, np.dtype(dtype if dtype is not None else np.float32)) is None)
+    platform = jax.devices()[0].platform  # "cpu", "cuda", "rocm", ...
+    found = GPU_BACKENDS if platform in ("cuda", "rocm") else CPU_BACKENDS
+    dtype = np.dtype(dtype if dtype is not None else np.float32)
+    return tuple(b for b in found if unavailable(b, dtype, platform=platform) is None)
 
 
 # Tolerances relative to the solution's size, per dtype.

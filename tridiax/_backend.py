@@ -27,6 +27,7 @@ reason.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -79,11 +80,22 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
     if backend == "mosaic_gpu":
         if platform not in (None, "cuda"):
             return "Mosaic GPU runs on NVIDIA GPUs (Hopper and later)"
+        if (capability := _cuda_capability()) is not None and capability < 9.0:
+            return f"Mosaic GPU needs Hopper (sm_90) or later; this GPU is sm_{capability:.1f}"
         if _jax_private.pallas_mosaic_gpu() is None:
             return f"jax {jax.__version__} has no Pallas Mosaic GPU backend (or absl-py is missing)"
         if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize > 4:
             return f"Mosaic GPU has no {jnp.dtype(dtype)}"
     return None
+
+
+@functools.cache
+def _cuda_capability() -> float | None:
+    """The compute capability of this process's first CUDA device (None: none, or unknown)."""
+    try:
+        return float(jax.devices("cuda")[0].compute_capability)
+    except (RuntimeError, ValueError, AttributeError, IndexError, TypeError):
+        return None
 
 
 def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas") -> str:
