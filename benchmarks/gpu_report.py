@@ -120,6 +120,7 @@ def bandwidth_row(kind, backend, shape, axis, dtype, peak, block=None):
 def section_bandwidth(platform, backends, layouts, dtype, peak):
     lines = ["| kind | layout | backend | ms | GB/s | of peak | / floor | compile s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
+    times = {}  # (kind, layout, backend): seconds
     for kind in KINDS:
         for label, shape, axis in layouts:
             for backend in backends:
@@ -133,9 +134,25 @@ def section_bandwidth(platform, backends, layouts, dtype, peak):
                     lines.append(f"| {kind} | {label} | {backend} | failed: "
                                  f"{type(err).__name__}: {str(err)[:120]} | | | | |")
                     continue
+                times[kind, label, backend] = t
                 lines.append(f"| {kind} | {label} | {backend} | {t * 1e3:.3f} | {gbs:.0f} | "
                              f"{fmt(frac * 100, '.0f')}% | {ratio:.2f}x | {c:.2f} |")
-    return lines
+    return lines + ["", *_mosaic_verdict(times)]
+
+
+def _mosaic_verdict(times):
+    """Where mosaic_gpu is at least as fast as pallas_triton (the rule for making it the
+    default in _backend.PREFERENCE)."""
+    pairs = [(key[:2], times[key], times.get((*key[:2], "mosaic_gpu")))
+             for key in times if key[2] == "pallas_triton"]
+    pairs = [(where, triton, mosaic) for where, triton, mosaic in pairs if mosaic is not None]
+    if not pairs:
+        return []
+    wins = [f"{kind}, {layout}" for (kind, layout), triton, mosaic in pairs if mosaic <= triton]
+    ratios = "; ".join(f"{kind} / {layout}: {triton / mosaic:.2f}x"
+                       for (kind, layout), triton, mosaic in pairs)
+    return [f"**mosaic_gpu at least as fast as pallas_triton on {len(wins)} of {len(pairs)} "
+            f"rows** (Triton time / Mosaic time: {ratios})."]
 
 
 def section_shapes(quick):
