@@ -162,3 +162,13 @@ def test_no_triton_deprecation_warning_reaches_users(warning_jax):
                               compiler_params=pltriton.CompilerParams())(x)
 
     assert len(_lowering_warnings(user_kernel, jnp.ones((16, 16), jnp.float32))) == 1
+
+
+def test_gpu_generations_pick_their_backends(monkeypatch):
+    # Hopper: Triton first, Mosaic GPU on request; Ampere: no Mosaic GPU; older: the XLA loop.
+    f32 = jnp.dtype(jnp.float32)
+    for capability, triton, mosaic in ((9.0, True, True), (8.0, True, False), (7.5, False, False)):
+        monkeypatch.setattr(_backend, "_cuda_capability", lambda c=capability: c)
+        assert (_backend.unavailable("pallas_triton", f32, platform="cuda") is None) == triton
+        assert (_backend.unavailable("mosaic_gpu", f32, platform="cuda") is None) == mosaic
+        assert _backend.default_backend("cuda", f32) == ("pallas_triton" if triton else "xla")

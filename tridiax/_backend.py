@@ -77,6 +77,9 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
             return "Triton runs on CUDA and ROCm GPUs"
         if _jax_private.pallas_triton() is None:
             return f"jax {jax.__version__} has no Pallas Triton backend"
+        if platform == "cuda" and (capability := _cuda_capability()) is not None \
+                and capability < 8.0:
+            return f"Pallas Triton needs sm_80 or later; this GPU is sm_{capability:.1f}"
     if backend == "mosaic_gpu":
         if platform not in (None, "cuda"):
             return "Mosaic GPU runs on NVIDIA GPUs (Hopper and later)"
