@@ -1,13 +1,16 @@
 """Tridiagonal solves and linear recurrences as Pallas Mosaic GPU kernels (Hopper, sm_90+).
 
 The backend that outlives Pallas Triton (deprecated in jax 0.11). One CUDA block is one
-warpgroup of 128 threads and owns 128 columns (systems, or features) of one p of the
-(P, N, Q) view; thread j sweeps column j. Boxes of (rows x 128) values move between global
-and shared memory by TMA copies, coalesced, through a ring of `STAGES` shared-memory slots
-(each slot's loads signal one barrier; a slot is refilled once the store of the step before has
-read it), so the copies of later row blocks overlap the sweep of the current one. Results are
-written in place into the slot and stored back by TMA: out-of-bounds rows and columns of a
-ragged last box read as zeros and are not written, so N and Q may be anything.
+warpgroup of 128 threads and owns 128 systems (or features); thread j sweeps system j. In the
+(P, N, Q) view they are 128 columns of one p, moved in boxes of (rows x 128) values; for
+batch-first data (Q = 1: each system's rows contiguous) they are 128 systems along P, moved
+in boxes of (128 x rows) values, whose row r each thread reads as a column of the box
+(`_Boxes`). Boxes move between global and shared memory by TMA copies, coalesced, through a
+ring of `STAGES` shared-memory slots (each slot's loads signal one barrier; a slot is
+refilled once the store of the step before has read it), so the copies of later row blocks
+overlap the sweep of the current one. Results are written in place into the slot and stored
+back by TMA: out-of-bounds rows and columns of a ragged last box read as zeros and are not
+written, so N and Q may be anything.
 
 - Thomas (no pivoting): the forward sweep stores c' (a work output) and y' (into x); the
   backward sweep reads both back block by block from the last one. Rows 0 and N-1 are peeled
@@ -24,9 +27,9 @@ TMA pipeline, Q padded to whole 128-column tiles.
 Real float32/float16/bfloat16 only (computed in float32; Mosaic GPU has no float64 or
 complex: `_backend.unavailable` refuses them). An activation that calls a custom_jvp (other
 than jax.nn.relu, rewritten as a maximum) and the gated recurrences run the XLA loop. Layout:
-boxes run along Q, so operands with Q < 128 and P > 1 (batch-first data, systems along P)
-are moved to (1, N, P*Q) by one XLA transpose each way, and broadcast operands are
-materialised; 16-bit operands are converted to float32 by XLA before the kernel.
+the row kernels of the other kinds, and every kernel when 1 < Q < 128 with P > 1, move the
+operands to (1, N, P*Q) by one XLA transpose each way; broadcast operands are materialised;
+16-bit operands are converted to float32 by XLA before the kernel.
 """
 
 from __future__ import annotations
@@ -102,24 +105,66 @@ def _ring(pl, plgpu, steps, stages, load, sweep, *, reverse=False):
     return step
 
 
-def _boxes(pl, plgpu, rows):
-    """box(ref, block): the (rows x LANES) box of this block's columns, row block `block`
-    (a traced start: the last box may run past N); loader(pairs, barrier): load(block, slot)
-    copying that box of each (global, shared) pair into the slot, arriving on its barrier."""
-    p = lax.axis_index("p")
-    cols = pl.ds(lax.axis_index("q") * LANES, LANES)
+class _Boxes:
+    """The TMA boxes of one block, in either layout of the operands:
 
-    def box(ref, block):
-        return ref.at[p, pl.ds(jnp.int32(block) * rows, rows), cols]
+    - columns (3-D (P, N, Q) arrays, grid ("p", "q")): a box is (rows x LANES) values, rows
+      block `block` of this block's 128 columns of one p; row r of a slot is slot[r];
+    - systems (2-D (P, N) arrays of batch-first data, rows contiguous, grid ("s",)): a box is
+      (LANES x rows) values, 128 systems' rows; row r is the column slot[:, r].
 
-    def loader(pairs, barrier):
+    Box starts are traced, so the last box may run past N (TMA reads zeros there and writes
+    only what lies inside)."""
+
+    def __init__(self, pl, plgpu, rows, systems: bool):
+        self.plgpu, self.rows, self.systems = plgpu, rows, systems
+        if systems:
+            self.lanes = pl.ds(lax.axis_index("s") * LANES, LANES)
+        else:
+            self.p = lax.axis_index("p")
+            self.lanes = pl.ds(lax.axis_index("q") * LANES, LANES)
+        self.ds = pl.ds
+
+    def box(self, ref, block):
+        rows = self.ds(jnp.int32(block) * self.rows, self.rows)
+        return ref.at[self.lanes, rows] if self.systems else ref.at[self.p, rows, self.lanes]
+
+    def loader(self, pairs, barrier):
+        """load(block, slot): TMA copies of that box of each (global, shared) pair into the
+        slot, arriving on its barrier."""
+
         def load(block, slot):
             for g, s in pairs:
-                plgpu.copy_gmem_to_smem(box(g, block), s.at[slot], barrier.at[slot])
+                self.plgpu.copy_gmem_to_smem(self.box(g, block), s.at[slot], barrier.at[slot])
 
         return load
 
-    return box, loader
+    def get(self, tile, r):
+        return tile[:, r] if self.systems else tile[r]
+
+    def put(self, tile, r, value):
+        if self.systems:
+            tile[:, r] = value
+        else:
+            tile[r] = value
+
+
+def _launch(plgpu, body, operands, out, tiles, barriers, *, rows, interpret):
+    """plgpu.kernel over the blocks of either layout (see _Boxes): 2-D operands are batch-first
+    systems, 3-D ones columns; `tiles` shared-memory rings of (slots, box) and `barriers`
+    (arrivals per slot) as scratch."""
+    systems = operands[0].ndim == 2
+    if systems:
+        grid, names, box = (-(-operands[0].shape[0] // LANES),), ("s",), (LANES, rows)
+    else:
+        P, _, Q = operands[0].shape
+        grid, names, box = (P, -(-Q // LANES)), ("p", "q"), (rows, LANES)
+    slots = barriers[0][1]
+    scratch = ([plgpu.SMEM((slots, *box), jnp.float32)] * tiles
+               + [plgpu.Barrier(num_arrivals=k, num_barriers=n) for k, n in barriers])
+    return plgpu.kernel(functools.partial(body, systems=systems), out_type=out,
+                        scratch_types=scratch, grid=grid, grid_names=names,
+                        interpret=interpret)(*operands)
 
 
 def _run(step, steps, carry):
@@ -130,17 +175,20 @@ def _run(step, steps, carry):
 
 
 def _thomas(a, b, c, d, *, interpret):
-    """x with a[i] x[i-1] + b[i] x[i] + c[i] x[i+1] = d[i] along axis 1 of (P, N, Q) float32
-    arrays, Q a multiple of _ALIGN (a[:, 0] and c[:, N-1] ignored)."""
+    """x with a[i] x[i-1] + b[i] x[i] + c[i] x[i+1] = d[i] along the rows (axis 1) of float32
+    arrays, (P, N, Q) with Q a multiple of _ALIGN or batch-first (P, N) with N a multiple of
+    _ALIGN (a[:, 0] and c[:, N-1] ignored)."""
     pl, plgpu = _modules()
-    P, N, Q = d.shape
+    N = d.shape[1]
     R = min(SOLVE_ROWS, N)
     steps = -(-N // R)
     S = min(STAGES, steps)
 
-    def body(a_g, b_g, c_g, d_g, x_g, cp_g, a_s, b_s, c_s, d_s, forward_bar, backward_bar):
-        box, loader = _boxes(pl, plgpu, R)
-        load_bands = loader(((a_g, a_s), (b_g, b_s), (c_g, c_s), (d_g, d_s)), forward_bar)
+    def body(a_g, b_g, c_g, d_g, x_g, cp_g, a_s, b_s, c_s, d_s, forward_bar, backward_bar, *,
+             systems):
+        t = _Boxes(pl, plgpu, R, systems)
+        get, put = t.get, t.put
+        load_bands = t.loader(((a_g, a_s), (b_g, b_s), (c_g, c_s), (d_g, d_s)), forward_bar)
 
         def eliminate(s, block, slot, carry):
             plgpu.barrier_wait(forward_bar.at[slot])
@@ -148,29 +196,31 @@ def _thomas(a, b, c, d, *, interpret):
 
             def row(r, carry):
                 c_prev, y_prev = carry
-                sub = lo[r]
-                inv = 1.0 / (di[r] - sub * c_prev)
-                carry = (up[r] * inv, (rhs[r] - sub * y_prev) * inv)
-                up[r], rhs[r] = carry
+                sub = get(lo, r)
+                inv = 1.0 / (get(di, r) - sub * c_prev)
+                carry = (get(up, r) * inv, (get(rhs, r) - sub * y_prev) * inv)
+                put(up, r, carry[0])
+                put(rhs, r, carry[1])
                 return carry
 
             first = 0
             if isinstance(block, int) and block == 0:  # row 0: lower[0] is not read
-                inv = 1.0 / di[0]
-                carry = (up[0] * inv, rhs[0] * inv)
-                up[0], rhs[0] = carry
+                inv = 1.0 / get(di, 0)
+                carry = (get(up, 0) * inv, get(rhs, 0) * inv)
+                put(up, 0, carry[0])
+                put(rhs, 0, carry[1])
                 first = 1
             carry = lax.fori_loop(first, R, row, carry, unroll=True)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(up, box(cp_g, block), commit_group=False)
-            plgpu.copy_smem_to_gmem(rhs, box(x_g, block))
+            plgpu.copy_smem_to_gmem(up, t.box(cp_g, block), commit_group=False)
+            plgpu.copy_smem_to_gmem(rhs, t.box(x_g, block))
             return carry
 
         zero = jnp.zeros((LANES,), jnp.float32)
         _run(_ring(pl, plgpu, steps, S, load_bands, eliminate), steps, (zero, zero))
         plgpu.wait_smem_to_gmem(0)  # c' and y' are in global memory before they are read back
 
-        load_work = loader(((cp_g, c_s), (x_g, d_s)), backward_bar)
+        load_work = t.loader(((cp_g, c_s), (x_g, d_s)), backward_bar)
 
         def substitute(s, block, slot, x_next):
             plgpu.barrier_wait(backward_bar.at[slot])
@@ -178,30 +228,25 @@ def _thomas(a, b, c, d, *, interpret):
             rows = R
             if isinstance(block, int):  # the last block: x[N-1] = y'[N-1], upper[N-1] unread
                 rows = N - block * R - 1
-                x_next = y[rows]
+                x_next = get(y, rows)
 
             def row(k, x_next):
                 r = rows - 1 - k
-                x = y[r] - cp[r] * x_next
-                y[r] = x
+                x = get(y, r) - get(cp, r) * x_next
+                put(y, r, x)
                 return x
 
             x_next = lax.fori_loop(0, rows, row, x_next, unroll=True)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(y, box(x_g, block))
+            plgpu.copy_smem_to_gmem(y, t.box(x_g, block))
             return x_next
 
         _run(_ring(pl, plgpu, steps, S, load_work, substitute, reverse=True), steps, zero)
         plgpu.wait_smem_to_gmem(0)
 
-    tile = plgpu.SMEM((S, R, LANES), jnp.float32)
-    out = jax.ShapeDtypeStruct((P, N, Q), jnp.float32)
-    x, _ = plgpu.kernel(
-        body, out_type=(out, out),
-        scratch_types=[tile, tile, tile, tile, plgpu.Barrier(num_arrivals=4, num_barriers=S),
-                       plgpu.Barrier(num_arrivals=2, num_barriers=S)],
-        grid=(P, -(-Q // LANES)), grid_names=("p", "q"), interpret=interpret,
-    )(a, b, c, d)
+    out = jax.ShapeDtypeStruct(d.shape, jnp.float32)
+    x, _ = _launch(plgpu, body, (a, b, c, d), (out, out), 4, ((4, S), (2, S)), rows=R,
+                   interpret=interpret)
     return x
 
 
@@ -266,41 +311,37 @@ def _activated_recurrence(a, x, h0, *, activation, reverse, shifted, final_only,
 
 
 def _recurrence(a, x, *, interpret):
-    """h[t] = a[t] h[t-1] + x[t] from h = 0 along axis 1 of (P, T, Q) float32 arrays, Q a
-    multiple of _ALIGN."""
+    """h[t] = a[t] h[t-1] + x[t] from h = 0 along the rows (axis 1) of float32 arrays, (P, T, Q)
+    with Q a multiple of _ALIGN or batch-first (P, T) with T a multiple of _ALIGN."""
     pl, plgpu = _modules()
-    P, T, Q = x.shape
+    T = x.shape[1]
     R = min(RECURRENCE_ROWS, T)
     steps = -(-T // R)
     S = min(STAGES, steps)
 
-    def body(a_g, x_g, h_g, a_s, x_s, bar):
-        box, loader = _boxes(pl, plgpu, R)
-        load = loader(((a_g, a_s), (x_g, x_s)), bar)
+    def body(a_g, x_g, h_g, a_s, x_s, bar, *, systems):
+        t = _Boxes(pl, plgpu, R, systems)
+        load = t.loader(((a_g, a_s), (x_g, x_s)), bar)
 
         def sweep(s, block, slot, h):
             plgpu.barrier_wait(bar.at[slot])
             coefficient, values = a_s.at[slot], x_s.at[slot]
 
             def row(r, h):
-                h = coefficient[r] * h + values[r]
-                values[r] = h
+                h = t.get(coefficient, r) * h + t.get(values, r)
+                t.put(values, r, h)
                 return h
 
             h = lax.fori_loop(0, R, row, h, unroll=True)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(values, box(h_g, block))
+            plgpu.copy_smem_to_gmem(values, t.box(h_g, block))
             return h
 
         _run(_ring(pl, plgpu, steps, S, load, sweep), steps, jnp.zeros((LANES,), jnp.float32))
         plgpu.wait_smem_to_gmem(0)
 
-    tile = plgpu.SMEM((S, R, LANES), jnp.float32)
-    return plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((P, T, Q), jnp.float32),
-        scratch_types=[tile, tile, plgpu.Barrier(num_arrivals=2, num_barriers=S)],
-        grid=(P, -(-Q // LANES)), grid_names=("p", "q"), interpret=interpret,
-    )(a, x)
+    return _launch(plgpu, body, (a, x), jax.ShapeDtypeStruct(x.shape, jnp.float32), 2,
+                   ((2, S),), rows=R, interpret=interpret)
 
 
 # --- Around the kernels: layout, dtype and the folded-in parts of each call ------------------
@@ -334,6 +375,27 @@ def _to_columns(arrays, *, rows=None, columns=_ALIGN, fills=None):
     return full, back
 
 
+def _to_boxes(arrays, *, rows, fills, interpret):
+    """Operands of the TMA kernels: batch-first data (Q = 1, several systems along P, each
+    system's rows contiguous) as 2-D (P, N') float32 arrays, read in (LANES x rows) boxes
+    with no transpose; anything else through `_to_columns`. N' pads N to 16-byte rows (TMA's
+    rule) with `fills`; the interpreter pads to whole boxes. Returns (arrays, back)."""
+    P, N, Q = broadcast_shape(*arrays)
+    if not (Q == 1 and P > 1):
+        return _to_columns(arrays, rows=rows if interpret is not None else None, fills=fills)
+    full = [jnp.broadcast_to(x, (P, N, 1)).astype(jnp.float32)[:, :, 0] for x in arrays]
+    pad_n = -N % (rows if interpret is not None else _ALIGN)
+    pad_p = -P % LANES if interpret is not None else 0
+    if pad_n or pad_p:
+        full = [jnp.pad(x, ((0, pad_p), (0, pad_n)), constant_values=fill)
+                for x, fill in zip(full, fills, strict=True)]
+
+    def back(y):  # y has N rows, or one (a final state)
+        return y[:P, :min(N, y.shape[1]), None]
+
+    return full, back
+
+
 def _shift(x, by: int):
     """x moved `by` rows along axis 1 (down for by > 0), zeros coming in."""
     N = x.shape[1]
@@ -359,10 +421,9 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
     l, d, u, b = (jnp.broadcast_to(x, (P, N, Q)) for x in (l, d, u, b))
     if transposed:  # the bands of A^T: sub[i] = upper[i-1], sup[i] = lower[i+1]
         l, u = _shift(u, 1), _shift(l, -1)
-    if interpret is not None:  # padded rows (diag 1) must not couple to row N-1
-        u = u.at[:, N - 1:].set(0)
-    (l, d, u, b), back = _to_columns(
-        (l, d, u, b), rows=None if interpret is None else min(SOLVE_ROWS, N), fills=(0, 1, 0, 0))
+    u = u.at[:, N - 1:].set(0)  # unread; padded rows (diagonal 1) must not couple to row N-1
+    (l, d, u, b), back = _to_boxes((l, d, u, b), rows=min(SOLVE_ROWS, N), fills=(0, 1, 0, 0),
+                                   interpret=interpret)
     return back(_thomas(l, d, u, b, interpret=interpret)).astype(out_dtype)
 
 
@@ -391,7 +452,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
         a, x = jnp.flip(a, 1), jnp.flip(x, 1)
     # The initial state enters through the first step: h[0] = a[0] h0 + x[0].
     x = x.at[:, :1].add(a[:, :1] * jnp.broadcast_to(h0, (P, 1, Q)).astype(jnp.float32))
-    (a, x), back = _to_columns((a, x), rows=None if interpret is None else min(RECURRENCE_ROWS, T))
+    (a, x), back = _to_boxes((a, x), rows=min(RECURRENCE_ROWS, T), fills=(0, 0),
+                             interpret=interpret)
     h = back(_recurrence(a, x, interpret=interpret))
     if reverse:
         h = jnp.flip(h, 1)
