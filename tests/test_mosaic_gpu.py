@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gpu_aot import compile_reports
-from helpers import RTOL, numpy_loop
+from helpers import RTOL, numpy_loop, random_bands
 from test_gpu_compile import SMS, WIDE, _errors, _require_harness
 
 from tridiax import _backend, _jax_private, verify
@@ -24,14 +24,6 @@ H100_SHARED_MEMORY = 227 * 1024  # bytes one block may use
 INTERPRETER = _mosaic_gpu.interpret_params() if _jax_private.pallas_mosaic_gpu() else None
 needs_interpreter = pytest.mark.skipif(
     INTERPRETER is None, reason=f"jax {jax.__version__} has no Mosaic GPU interpreter")
-
-
-def _bands(shape, seed, shapes=None):
-    rng = np.random.default_rng(seed)
-    shapes = shapes or (shape,) * 4
-    lower, upper = rng.uniform(-1, 1, shapes[0]), rng.uniform(-1, 1, shapes[2])
-    diag = np.abs(rng.uniform(2.5, 3.5, shapes[1]))
-    return lower, diag, upper, rng.standard_normal(shapes[3])
 
 
 def _reference(lower, diag, upper, rhs, transposed):
@@ -53,7 +45,7 @@ SOLVE_SHAPES = [(1, 1, 3), (1, 2, 5), (1, 37, 200), (3, 17, 9), (40, 21, 1), (1,
 @pytest.mark.parametrize("shape", SOLVE_SHAPES)
 @pytest.mark.parametrize("transposed", [False, True])
 def test_thomas_kernel_in_the_interpreter(shape, transposed):
-    lower, diag, upper, rhs = _bands(shape, seed=sum(shape))
+    lower, diag, upper, rhs = random_bands(shape, seed=sum(shape))
     lower[:, 0], upper[:, -1] = np.nan, np.nan  # outside the matrix: never read into x
     if transposed:
         lower[:, 0], upper[:, -1] = 0.5, 0.5  # A^T reads them; A's corners stay unread
@@ -70,7 +62,7 @@ def test_thomas_kernel_in_the_interpreter(shape, transposed):
 def test_thomas_kernel_shared_matrix_and_half_precision(dtype):
     # One matrix (1, N, 1) for 6 x 130 right-hand sides: broadcast operands.
     shapes = [(1, 23, 1)] * 3 + [(6, 23, 130)]
-    args = [jnp.asarray(a, dtype) for a in _bands(None, seed=5, shapes=shapes)]
+    args = [jnp.asarray(a, dtype) for a in random_bands(None, seed=5, shapes=shapes)]
     x = _mosaic_gpu.solve_pnq(*args, transposed=False, out_dtype=dtype, interpret=INTERPRETER)
     assert x.shape == (6, 23, 130) and x.dtype == dtype
     ref = _reference(*(np.asarray(a, np.float64) for a in args), False)

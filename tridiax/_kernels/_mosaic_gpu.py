@@ -252,7 +252,7 @@ def _thomas(a, b, c, d, *, interpret):
 
 class WarpgroupRows:
     """Row access for the other kinds: the interface of `_pallas_tiles.TileRows` (load, store,
-    full, zero) over this block's 128 columns of full (P, N, Q) float32 arrays in global
+    full) over this block's 128 columns of full (P, N, Q) float32 arrays in global
     memory, so the Triton kernel bodies of `_pallas_thomas.py` run here unchanged. Each row is
     a coalesced 512-byte access; Q is a multiple of 128 (padded), so nothing is masked."""
 
@@ -275,10 +275,6 @@ class WarpgroupRows:
 
     def full(self, value):
         return self._zeros + value
-
-    def zero(self, like):
-        del like
-        return self._zeros
 
 
 def _other_kind(l, d, u, b, *, kind, transposed, interpret):
@@ -430,7 +426,8 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
                    out_dtype, interpret=None, tiles=None):
     """Run along axis 1 of (P|1, T|1, Q|1) operands (see `_xla_recurrence.recurrence_pnq`)."""
-    if not runs(out_dtype, activation=activation):
+    kernel_activation = None if activation is None else _kernel_activation(activation)
+    if not runs(out_dtype) or (activation is not None and kernel_activation is None):
         return _xla_recurrence.recurrence_pnq(a, x, h0, reverse=reverse, shifted=shifted,
                                               activation=activation, final_only=final_only,
                                               out_dtype=out_dtype)
@@ -440,8 +437,7 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
         h0 = jnp.broadcast_to(h0, (P, 1, Q))
         (a, x), back = _to_columns((a, x), columns=LANES)
         (h0,), _ = _to_columns((h0,), columns=LANES)
-        h = _activated_recurrence(a, x, h0, activation=_kernel_activation(activation),
-                                  reverse=reverse,
+        h = _activated_recurrence(a, x, h0, activation=kernel_activation, reverse=reverse,
                                   shifted=shifted, final_only=final_only, interpret=interpret)
         return back(h).astype(out_dtype)
     a = jnp.broadcast_to(a, (P, T, Q)).astype(jnp.float32)

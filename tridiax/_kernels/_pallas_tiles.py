@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 
 from .. import _jax_private
 from .._layout import broadcast_shape
-from ._split_complex import SplitComplex, SplitRef, real_dtype
+from ._split_complex import SplitComplex, SplitRef, as_split, real_dtype
 
 # Masked loads and stores (None where this JAX has no Triton backend: then only interpret
 # mode runs these kernels, and it masks by selecting, which its padded blocks allow).
@@ -104,8 +104,7 @@ class TileRows:
 
     def store(self, ref, i, value):
         if isinstance(ref, SplitRef):
-            if not isinstance(value, SplitComplex):
-                value = SplitComplex(value, jnp.zeros_like(value))
+            value = as_split(value)
             self.store(ref.re, i, value.re)
             self.store(ref.im, i, value.im)
             return
@@ -123,11 +122,6 @@ class TileRows:
         if isinstance(value, SplitComplex):
             return value.map(self.full)
         return jnp.broadcast_to(value, (self.bp, self.bq))
-
-    def zero(self, like):
-        """A tile of zeros of the kind (real or split) of `like`."""
-        zeros = self.full(jnp.zeros((), self.dtype))
-        return SplitComplex(zeros, zeros) if isinstance(like, SplitComplex) else zeros
 
 
 def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,

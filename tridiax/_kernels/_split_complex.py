@@ -116,11 +116,15 @@ def reciprocal(y: SplitComplex) -> SplitComplex:
                         jnp.where(wide, -ratio * scale, -scale))
 
 
+def as_split(x) -> SplitComplex:
+    """x as a SplitComplex (a real value gets a zero imaginary part)."""
+    return x if isinstance(x, SplitComplex) else SplitComplex(x, jnp.zeros_like(x))
+
+
 def select(condition, x, y):
     """jnp.where for real or split values (a real operand against a split one is promoted)."""
     if isinstance(x, SplitComplex) or isinstance(y, SplitComplex):
-        x, y = (v if isinstance(v, SplitComplex) else SplitComplex(v, jnp.zeros_like(v))
-                for v in (x, y))
+        x, y = as_split(x), as_split(y)
         return SplitComplex(jnp.where(condition, x.re, y.re), jnp.where(condition, x.im, y.im))
     return jnp.where(condition, x, y)
 
