@@ -224,3 +224,81 @@ def test_errors():
         tridiax.indrnn(jnp.ones(3), x, activation="relu")
     with pytest.raises(ValueError, match="native recurrence runs identity, relu and tanh"):
         recurrence(jnp.ones(3), x, activation=jax.nn.gelu, backend="native")
+
+
+# ---------------------------------------------------------------------------------------------
+# The native kernel's scan of contiguous steps (Q == 1: batch-first sequences and the chunks of
+# one long sequence), called directly, against a NumPy loop of its exact semantics: shifted
+# coefficients, gate slopes, chunks entered from given states, chunk ends from a zero state.
+
+
+def kernel_loop(a, x, h0, *, reverse, shifted, gate, chunk):
+    """h of (P, T, 1) operands by the C++ kernel's definition, chunk by chunk (h0: (P, C, 1)),
+    and each chunk's (product of coefficients, final state) from a zero state."""
+    P, T, _ = x.shape
+    m = chunk or T
+    h = np.zeros(x.shape)
+    decay, final = np.ones((P, -(-T // m), 1)), np.zeros((P, -(-T // m), 1))
+    for p in range(P):
+        for c in range(-(-T // m)):
+            steps = range(c * m, min(T, (c + 1) * m))
+            state, zero_state = h0[p, c, 0], 0.0
+            for t in (reversed(steps) if reverse else steps):
+                s = (t + 1 if reverse else t - 1) if shifted else t
+                coef = a[p, s, 0] if 0 <= s < T else 0.0
+                value = x[p, t, 0]
+                if gate is not None:
+                    g = gate[0][p, t, 0]
+                    slope = float(g > 0) if gate[1] == "relu" else 1 - g * g
+                    coef, value = coef * slope, value * slope
+                state = coef * state + value
+                zero_state = coef * zero_state + value
+                decay[p, c, 0] *= coef
+                h[p, t, 0] = state
+            final[p, c, 0] = zero_state
+    return h, decay, final
+
+
+@pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("T,chunk", [(1, 0), (15, 0), (16, 0), (17, 0), (33, 0), (300, 0),
+                                     (300, 37), (301, 64), (300, 300)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shifted", [False, True], ids=["plain", "shifted"])
+@pytest.mark.parametrize("gate", [None, "relu", "tanh"])
+@pytest.mark.parametrize("a_rows", ["per_step", "shared_by_lanes", "one_per_lane"])
+def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate, a_rows):
+    from tridiax._kernels import _native
+    from tridiax._planner import CpuTiling
+
+    rng = np.random.default_rng(T + chunk)
+    P = 3
+    a_shape = {"per_step": (P, T, 1), "shared_by_lanes": (1, T, 1), "one_per_lane": (P, 1, 1)}
+    a = np.broadcast_to(rng.uniform(0.5, 1.0, a_shape[a_rows]), (P, T, 1))
+    x = rng.standard_normal((P, T, 1))
+    C = -(-T // (chunk or T))
+    h0 = rng.standard_normal((P, C, 1))
+    states = None if gate is None else (rng.uniform(-0.9, 0.9, (P, T, 1)), gate)
+    want, want_decay, want_final = kernel_loop(a, x, h0, reverse=reverse, shifted=shifted,
+                                               gate=states, chunk=chunk)
+    cast = lambda v: jnp.asarray(v, dtype)  # noqa: E731
+    kernel_gate = None if gate is None else (cast(states[0]), getattr(jax.nn, gate, jnp.tanh))
+    a_in = cast(np.asarray(a)[:a_shape[a_rows][0], :a_shape[a_rows][1]])
+    for tiling in (CpuTiling("p", 32), CpuTiling("c", 32)):
+        if tiling.lanes == "c" and not chunk:
+            continue
+        got = _native.recurrence_pnq(a_in, cast(x), cast(h0), reverse=reverse, shifted=shifted,
+                                     activation=None, final_only=False, out_dtype=dtype,
+                                     tiling=tiling, chunk=chunk, gate=kernel_gate)
+        assert_close(got, want, dtype)
+        if chunk:
+            decay, final = _native.recurrence_ends_pnq(a_in, cast(x), reverse=reverse,
+                                                       shifted=shifted, chunk=chunk,
+                                                       tiling=tiling, gate=kernel_gate)
+            assert_close(decay, want_decay, dtype)
+            assert_close(final, want_final, dtype)
+        else:
+            final = _native.recurrence_pnq(a_in, cast(x), cast(h0), reverse=reverse,
+                                           shifted=shifted, activation=None, final_only=True,
+                                           out_dtype=dtype, tiling=tiling, gate=kernel_gate)
+            assert_close(final[:, 0], want[:, 0 if reverse else -1], dtype)

@@ -30,6 +30,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -981,6 +982,151 @@ class Factor {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Linear recurrences along contiguous steps, scanned inside vector registers.
+//
+// When a lane's steps lie next to each other in memory (Q == 1: batch-first sequences, or the
+// chunks of one long sequence), a vector holds L consecutive steps of ONE lane instead of one
+// step of L lanes, so the lane is read as one stream instead of through transposes. The L
+// steps (c_i, x_i) compose by a log-step scan: at distance k = 1, 2, 4, ...,
+//   x_i += c_i * x_{i-k},  c_i *= c_{i-k}     (lanes i < k take c = 1, x = 0),
+// after which h_i = c_i * h_in + x_i for every step and c_{L-1} is the product of the L
+// coefficients. The chain from one vector to the next is one multiply-add and one broadcast.
+// Reverse-time lanes scan towards lane 0. Only for real dtypes and the identity activation
+// (with or without a gate slope, which scales c and x): the scan needs a linear step.
+
+// Activations of a recurrence, and gate slopes: relu' or tanh' read from the state.
+enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
+
+#if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && defined(__AVX2__)
+#define TRIDIAX_VECTOR_SCAN 1
+#if defined(__AVX512F__)
+constexpr int kScanBytes = 64;
+#else
+constexpr int kScanBytes = 32;
+#endif
+
+template <typename T>
+struct ScanVector {
+  static constexpr int L = kScanBytes / static_cast<int>(sizeof(T));
+  typedef T V __attribute__((vector_size(kScanBytes)));
+
+  static V Load(const T* p, int64_t stride) {
+    if (stride == 0) return Splat(*p);
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void Store(T* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+  static V Splat(T value) {
+    V v;
+    for (int i = 0; i < L; ++i) v[i] = value;
+    return v;
+  }
+  // Lane i takes v[i - K] (Up) or v[i + K], and `fill` where that is outside the vector.
+  template <int K, bool Up, size_t... I>
+  static V Shift(V v, V fill, std::index_sequence<I...>) {
+    return __builtin_shufflevector(
+        fill, v, (Up ? (static_cast<int>(I) < K ? static_cast<int>(I) : L + static_cast<int>(I) - K)
+                     : (static_cast<int>(I) + K < L ? L + static_cast<int>(I) + K
+                                                    : static_cast<int>(I)))...);
+  }
+  template <int Lane, size_t... I>
+  static V Broadcast(V v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, (static_cast<int>(I) * 0 + Lane)...);
+  }
+  // The log-step scan of (c, x) over the vector's lanes, towards lane L-1 (Up) or lane 0.
+  template <bool Up, int K = 1>
+  static inline __attribute__((always_inline)) void Scan(V& c, V& x, V one, V zero) {
+    if constexpr (K < L) {
+      using Lanes = std::make_index_sequence<L>;
+      x += c * Shift<K, Up>(x, zero, Lanes{});
+      c *= Shift<K, Up>(c, one, Lanes{});
+      Scan<Up, 2 * K>(c, x, one, zero);
+    }
+  }
+};
+
+// One lane: its coefficients, inputs and gate at relative steps 0..len-1 (row strides 0 or 1),
+// its output (nullptr: none), `h` entering in scan order, `edge` the coefficient of the first
+// step in scan order when `shifted`. Returns the final state; multiplies the coefficients into
+// *decay when given.
+template <typename T, int Gate>
+T ScanLane(const T* a, int64_t sa, const T* x, int64_t sx, const T* g, int64_t sg, T* out,
+           int64_t len, bool reverse, bool shifted, T edge, T h, T* decay) {
+  using S = ScanVector<T>;
+  using V = typename S::V;
+  constexpr int L = S::L;
+  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
+  T product = T(1);
+  // One step in scan order at t, with coefficient c.
+  auto step = [&](int64_t t, T c) {
+    T v = x[t * sx];
+    if constexpr (Gate != kIdentity) {
+      const T gt = g[t * sg];
+      const T slope = Gate == kRelu ? (gt > T(0) ? T(1) : T(0)) : T(1) - gt * gt;
+      c *= slope;
+      v *= slope;
+    }
+    h = c * h + v;
+    if (out != nullptr) out[t] = h;
+    product *= c;
+  };
+  // c at step t (shifted: a one step earlier in scan order).
+  const int64_t lag = !shifted ? 0 : reverse ? 1 : -1;
+  auto vectors = [&](int64_t t0) {  // steps t0..t0+L-1
+    V c = S::Load(a + (t0 + lag) * sa, sa);
+    V v = S::Load(x + t0 * sx, sx);
+    if constexpr (Gate != kIdentity) {
+      const V gv = S::Load(g + t0 * sg, sg);
+      V slope;
+      if constexpr (Gate == kRelu) {
+        slope = gv > zero ? one : zero;
+      } else {
+        slope = one - gv * gv;
+      }
+      c *= slope;
+      v *= slope;
+    }
+    return std::make_pair(c, v);
+  };
+  using Lanes = std::make_index_sequence<L>;
+  if (!reverse) {
+    int64_t t = 0;
+    if (shifted && len > 0) step(t++, edge);
+    V hv = S::Splat(h), dv = one;
+    for (; t + L <= len; t += L) {
+      auto [c, v] = vectors(t);
+      S::template Scan<true>(c, v, one, zero);
+      const V next = c * hv + v;
+      if (out != nullptr) S::Store(out + t, next);
+      if (decay != nullptr) dv *= S::template Broadcast<L - 1>(c, Lanes{});
+      hv = S::template Broadcast<L - 1>(next, Lanes{});
+    }
+    h = hv[0];
+    product *= dv[0];
+    for (; t < len; ++t) step(t, a[(t + lag) * sa]);
+  } else {
+    int64_t t = len;
+    if (shifted && len > 0) step(--t, edge);
+    V hv = S::Splat(h), dv = one;
+    for (; t - L >= 0; t -= L) {
+      auto [c, v] = vectors(t - L);
+      S::template Scan<false>(c, v, one, zero);
+      const V next = c * hv + v;
+      if (out != nullptr) S::Store(out + t - L, next);
+      if (decay != nullptr) dv *= S::template Broadcast<0>(c, Lanes{});
+      hv = S::template Broadcast<0>(next, Lanes{});
+    }
+    h = hv[0];
+    product *= dv[0];
+    for (; t > 0; --t) step(t - 1, a[(t - 1 + lag) * sa]);
+  }
+  if (decay != nullptr) *decay = product;
+  return h;
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Recurrences: h[t] = act(c[t]*h[prev] + x[t]) over the steps of each lane (reversed when
 // `reverse`), c[t] = a[t] or, when `shifted`, a at the previous step's index (zero at the very
 // first step). With a `gate` g (the states of a nonlinear recurrence), the linear recurrence
@@ -988,7 +1134,6 @@ class Factor {
 // read from the state. Modes: kRun (from an initial state per lane: h0 is (P|1, 1, Q|1), or
 // (P, C, Q) when chunked, one per chunk); kEnds (each chunk from a zero state: its final state
 // and the product of its coefficients, two (P, C, Q) arrays, for the carry fold of _chunked.py).
-enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
 enum RecurrenceMode : int64_t { kRun = 0, kRecurrenceEnds = 1 };
 
 template <typename T>
@@ -1041,6 +1186,11 @@ class Recurrence {
 
   template <int Act, int Gate>
   void Steps(const Tile& tile, T* scratch) const {
+#if defined(TRIDIAX_VECTOR_SCAN)
+    if constexpr (Act == kIdentity && std::is_floating_point_v<T>) {
+      if (g_.Q == 1 && tile.len >= ScanVector<T>::L) return ScanSteps<Gate>(tile, scratch);
+    }
+#endif
     const int64_t W = g_.W, w = tile.w, len = tile.len;
     RowReader<T> rd[3];  // a, x, gate
     for (int k : {0, 1, 3}) {
@@ -1099,17 +1249,62 @@ class Recurrence {
         if (ends) decay[s] *= slope * a[s];
       }
     }
-    if (ends) {
-      const auto so = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
-      StoreRows(outs_[0] + so.base, so.lane, g_.Q, w, W, 0, 1, decay);
-      StoreRows(outs_[1] + so.base, so.lane, g_.Q, w, W, 0, 1, h);
-    } else if (final_only_) {
-      const auto so = g_.Of(tile, g_.Q, 0, 1, 1);
-      StoreRows(outs_[0] + so.base, so.lane, 0, w, W, 0, 1, h);
+    if (ends || final_only_) {
+      StoreFinal(tile, h, decay);
     } else {
       out.Flush();
     }
   }
+
+  // The final state of each lane of the tile (and, for kEnds, its coefficients' product).
+  void StoreFinal(const Tile& tile, const T* h, const T* decay) const {
+    if (mode_ == kRecurrenceEnds) {
+      const auto so = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
+      StoreRows(outs_[0] + so.base, so.lane, g_.Q, tile.w, g_.W, 0, 1, decay);
+      StoreRows(outs_[1] + so.base, so.lane, g_.Q, tile.w, g_.W, 0, 1, h);
+    } else {
+      const auto so = g_.Of(tile, g_.Q, 0, 1, 1);
+      StoreRows(outs_[0] + so.base, so.lane, 0, tile.w, g_.W, 0, 1, h);
+    }
+  }
+
+#if defined(TRIDIAX_VECTOR_SCAN)
+  // Lanes whose steps are contiguous (Q == 1), one at a time, by ScanLane.
+  template <int Gate>
+  void ScanSteps(const Tile& tile, T* scratch) const {
+    const bool ends = mode_ == kRecurrenceEnds;
+    T* h = scratch;
+    T* decay = h + g_.W;
+    const Operand &oa = ops_[0], &ox = ops_[1], &og = ops_[3];
+    const auto sa = g_.Of(tile, oa.sp, oa.sn, oa.sq, g_.chunk);
+    const auto sx = g_.Of(tile, ox.sp, ox.sn, ox.sq, g_.chunk);
+    const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+    auto sg = sx;
+    if constexpr (Gate != kIdentity) sg = g_.Of(tile, og.sp, og.sn, og.sq, g_.chunk);
+    const T* a = static_cast<const T*>(oa.data);
+    const T* x = static_cast<const T*>(ox.data);
+    const T* g = Gate != kIdentity ? static_cast<const T*>(og.data) : nullptr;
+    const Operand& h0 = ops_[2];
+    const auto s0 = ends ? sx : g_.Of(tile, h0.sp, h0.sn, h0.sq, 1);
+    for (int64_t s = 0; s < tile.w; ++s) {
+      const T* as = a + sa.base + s * sa.lane;
+      T start = ends ? T(0) : static_cast<const T*>(h0.data)[s0.base + s * s0.lane];
+      T boundary = T(0);
+      if (shifted_) {
+        // a one step before the lane's first step in scan order: the neighbouring chunk's.
+        const int64_t cs = tile.C(s);
+        const bool none = reverse_ ? cs == g_.C - 1 : cs == 0;
+        boundary = none ? T(0) : as[(reverse_ ? tile.len : -1) * oa.sn];
+      }
+      T* dst = ends || final_only_ ? nullptr : outs_[0] + so.base + s * so.lane;
+      h[s] = ScanLane<T, Gate>(as, oa.sn, x + sx.base + s * sx.lane, ox.sn,
+                               g != nullptr ? g + sg.base + s * sg.lane : nullptr,
+                               Gate != kIdentity ? og.sn : 0, dst, tile.len, reverse_, shifted_,
+                               boundary, start, ends ? decay + s : nullptr);
+    }
+    if (ends || final_only_) StoreFinal(tile, h, decay);
+  }
+#endif
 
   Geometry g_;
   Operand ops_[4];
