@@ -109,6 +109,14 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) > 0
     assert _planner.solve_chunk(1, 100, 100_000, np.float32, **plan) == 0
     assert _planner.solve_chunk(100_000, 100, 1, np.float32, **plan) == 0
+    # Batch-first systems scanned one at a time (two work rows each) stay whole while those
+    # rows fit in cache; a tile of 32 row-swept complex systems would not.
+    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
+    assert _planner.solve_chunk(2000, 5000, 1, np.complex64, **plan) > 0
+    # Many systems of a few chunks each: tiles along the systems, not along 2-3 chunks.
+    assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
+    assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
+    assert _planner.cpu_tiling(1, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     # Too little work to share out, a kind that stays sequential, the user's 0.
     assert _planner.solve_chunk(1, 1000, 1, np.float32, **plan) == 0
     assert _planner.solve_chunk(1, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) == 0

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RTOL, assert_close, backends, random_bands
+from helpers import RTOL, assert_close, backends, dense_numpy, random_bands
 
 import tridiax
 from tridiax import verify
@@ -224,3 +224,48 @@ def test_compile_time_flat_in_n(settings, sizes):
     # Nothing is unrolled over N: the lowered program is the same for every N, up to numbers.
     programs = [_program_sizes(n, **settings) for n in sizes]
     assert len(set(programs)) == 1, programs
+
+
+# Batch-first systems (rows contiguous, the last axis): the native kernel scans each system's
+# rows inside vector registers (cpu_kernels.cc, ScanThomasLane) instead of sweeping a tile of
+# systems row by row. Sizes around the vector length (8 or 16 rows), operands broadcast along
+# either axis, the transposed solve (the gradient w.r.t. rhs is A^{-T} x_bar), and matrices
+# that are far from diagonally dominant (exact powers of two in the rescaling, pivots near 0).
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [8, 15, 16, 17, 31, 32, 33, 100, 1001])
+@pytest.mark.parametrize("shared", ["none", "lower_by_all", "diag_per_system", "upper_scalar"])
+def test_batch_first_rows_every_size_broadcast_and_transposed(backend, dtype, n, shared):
+    P = 5
+    shapes = [(P, n)] * 4
+    shapes[{"none": 0, "lower_by_all": 0, "diag_per_system": 1, "upper_scalar": 2}[shared]] = {
+        "none": (P, n), "lower_by_all": (1, n), "diag_per_system": (P, 1), "upper_scalar": (1, 1),
+    }[shared]
+    bands = random_bands((P, n), np.float64, seed=n, shapes=shapes)
+    bands[1] = bands[1] * 1e3 if shared == "none" else bands[1]  # large entries: rescaled
+    args = [jnp.asarray(a, dtype) for a in bands]
+    if shared == "none":  # lower[0] and upper[-1] are ignored whatever they hold
+        args[0] = args[0].at[:, 0].set(jnp.nan)
+        args[2] = args[2].at[:, -1].set(jnp.inf)
+    x, vjp = jax.vjp(lambda *v: solve(*v, axis=-1, backend=backend), *args)
+    assert_close(x, verify.reference_solve(*bands, axis=-1), dtype)
+    cotangent = np.random.default_rng(n).standard_normal((P, n))
+    matrices = dense_numpy(*bands[:3], axis=-1)
+    want = np.linalg.solve(np.swapaxes(matrices, -1, -2), cotangent[..., None])[..., 0]
+    assert_close(vjp(jnp.asarray(cotangent, dtype))[3], want, dtype)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_batch_first_rows_not_dominant_match_the_row_sweep(backend):
+    # Symmetric positive definite but not diagonally dominant, and an indefinite matrix whose
+    # leading minors stay away from zero: Thomas without pivoting works; so must the scan.
+    rng = np.random.default_rng(7)
+    n = 200
+    lower = rng.uniform(-1, 1, (4, n))
+    upper = np.roll(lower, -1, axis=-1)
+    diag = np.abs(lower) + np.abs(upper) - 0.3 + rng.uniform(0, 0.1, (4, n)) + 1.0
+    diag[2] = np.where(np.arange(n) % 2 == 0, 4.0, -4.0)
+    rhs = rng.standard_normal((4, n))
+    got = solve(*(jnp.asarray(v) for v in (lower, diag, upper, rhs)), axis=-1, backend=backend)
+    want = verify.reference_solve(lower, diag, upper, rhs, axis=-1)
+    assert_close(got, want, np.float64, factor=100)

@@ -159,7 +159,10 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
             return 0
         tiling = cpu_tiling(P, 1, Q, N, dtype, columns=2)
         wide = systems >= cpu_cores() * 2 * vector_lanes(dtype)
-        fits = 2 * N * tiling.width * itemsize <= cpu_cache_bytes()
+        # Batch-first Thomas solves (Q == 1, real) scan one system at a time (cpu_kernels.cc,
+        # ScanThomasLane): its two work rows are all that must stay in cache.
+        scanned = Q == 1 and kind == "thomas" and not jnp.issubdtype(dtype, jnp.complexfloating)
+        fits = 2 * N * (1 if scanned else tiling.width) * itemsize <= cpu_cache_bytes()
         if wide and fits:
             return 0
         # Chunk tiles take whole rows (cpu_tiling), and chunks are as long as the cache holds
@@ -238,7 +241,9 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2) ->
     # of one system lie next to each other: their streams share pages, so chunked sweeps
     # take their lanes along the chunks.
     width = max(8, 2 * L)
-    return CpuTiling("c" if C > 1 else "p", width)
+    # Along the chunks only when they fill tiles (or there are fewer systems than chunks):
+    # many systems of a few chunks each take their lanes along P.
+    return CpuTiling("c" if C > 1 and C >= min(width, P) else "p", width)
 
 
 def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, kind: str,

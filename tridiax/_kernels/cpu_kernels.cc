@@ -323,6 +323,8 @@ void StoreRows(T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t
 // Helpers shared by the kinds.
 
 enum Kind : int64_t { kThomas = 0, kFactored = 1, kPeriodic = 2, kPivoted = 3 };
+// Activations of a recurrence, and gate slopes: relu' or tanh' read from the state.
+enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
 
 // The size LAPACK's gtsv compares to choose a pivot: |x| for real x, |Re x| + |Im x| (cabs1)
 // for complex x, which needs no square root.
@@ -382,6 +384,177 @@ void RunTiles(const Kernel& kernel, int64_t work) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Contiguous lanes, scanned inside vector registers.
+//
+// When a lane's rows (steps) lie next to each other in memory (Q == 1: batch-first data, or the
+// chunks of one long system), a vector holds L consecutive rows of ONE lane instead of one row
+// of L lanes, so the lane is read as one stream instead of through transposes. L steps of a
+// linear recurrence (c_i, x_i) compose by a log-step scan: at distance k = 1, 2, 4, ...,
+//   x_i += c_i * x_{i-k},  c_i *= c_{i-k}     (lanes i < k take c = 1, x = 0),
+// after which h_i = c_i * h_in + x_i for every step and c_{L-1} is the product of the L
+// coefficients; the chain from one vector to the next is one multiply-add and one broadcast.
+// Reverse-time lanes scan towards lane 0. The Thomas elimination's c' follows the Moebius
+// recurrence c'_i = u_i / (d_i - l_i c'_{i-1}), a product of 2x2 matrices (MatrixScan); its y'
+// and the back substitution are linear recurrences. Real dtypes only.
+
+#if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && defined(__AVX2__)
+#define TRIDIAX_VECTOR_SCAN 1
+#if defined(__AVX512F__)
+constexpr int kScanBytes = 64;
+#else
+constexpr int kScanBytes = 32;
+#endif
+
+template <typename T>
+struct ScanVector {
+  static constexpr int L = kScanBytes / static_cast<int>(sizeof(T));
+  typedef T V __attribute__((vector_size(kScanBytes)));
+
+  static V Load(const T* p, int64_t stride) {
+    if (stride == 0) return Splat(*p);
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void Store(T* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+  static V Splat(T value) {
+    V v;
+    for (int i = 0; i < L; ++i) v[i] = value;
+    return v;
+  }
+  // Lane i takes v[i - K] (Up) or v[i + K], and `fill` where that is outside the vector.
+  template <int K, bool Up, size_t... I>
+  static V Shift(V v, V fill, std::index_sequence<I...>) {
+#if defined(__AVX512F__)
+    // One valignd (no index register, no copy of a destroyed source).
+    constexpr int words = K * static_cast<int>(sizeof(T)) / 4;
+    if constexpr (Up) {
+      return (V)_mm512_alignr_epi32((__m512i)v, (__m512i)fill, 16 - words);
+    } else {
+      return (V)_mm512_alignr_epi32((__m512i)fill, (__m512i)v, words);
+    }
+#else
+    return __builtin_shufflevector(
+        fill, v, (Up ? (static_cast<int>(I) < K ? static_cast<int>(I) : L + static_cast<int>(I) - K)
+                     : (static_cast<int>(I) + K < L ? L + static_cast<int>(I) + K
+                                                    : static_cast<int>(I)))...);
+#endif
+  }
+  template <int Lane, size_t... I>
+  static V Broadcast(V v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, (static_cast<int>(I) * 0 + Lane)...);
+  }
+  // The log-step scan of (c, x) over the vector's lanes, towards lane L-1 (Up) or lane 0.
+  template <bool Up, int K = 1>
+  static inline __attribute__((always_inline)) void Scan(V& c, V& x, V one, V zero) {
+    if constexpr (K < L) {
+      using Lanes = std::make_index_sequence<L>;
+      x += c * Shift<K, Up>(x, zero, Lanes{});
+      c *= Shift<K, Up>(c, one, Lanes{});
+      Scan<Up, 2 * K>(c, x, one, zero);
+    }
+  }
+  // Products of 2x2 matrices (m00 m01; m10 m11) over the lanes: lane i becomes M_i ... M_0.
+  template <int K = 1>
+  static inline __attribute__((always_inline)) void MatrixScan(V& m00, V& m01, V& m10, V& m11,
+                                                               V one, V zero) {
+    if constexpr (K < L) {
+      using Lanes = std::make_index_sequence<L>;
+      const V s00 = Shift<K, true>(m00, one, Lanes{}), s01 = Shift<K, true>(m01, zero, Lanes{});
+      const V s10 = Shift<K, true>(m10, zero, Lanes{}), s11 = Shift<K, true>(m11, one, Lanes{});
+      const V n00 = m00 * s00 + m01 * s10, n01 = m00 * s01 + m01 * s11;
+      const V n10 = m10 * s00 + m11 * s10, n11 = m10 * s01 + m11 * s11;
+      m00 = n00;
+      m01 = n01;
+      m10 = n10;
+      m11 = n11;
+      MatrixScan<2 * K>(m00, m01, m10, m11, one, zero);
+    }
+  }
+  // 2^-e for each lane's largest |a|, |b|, |c| = m 2^e (1 <= m < 2): an exact rescaling.
+  static V PowerScale(V a, V b, V c) {
+    using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+    typedef I VI __attribute__((vector_size(kScanBytes)));
+    constexpr int bits = sizeof(T) == 4 ? 23 : 52;
+    constexpr I sign = ~(I(1) << (8 * sizeof(T) - 1));
+    constexpr I exponent = sizeof(T) == 4 ? I(0xff) << bits : I(0x7ff) << bits;
+    constexpr I twice_bias = sizeof(T) == 4 ? I(254) << bits : I(2046) << bits;
+    const V ma = (V)((VI)a & sign), mb = (V)((VI)b & sign), mc = (V)((VI)c & sign);
+    V m = ma > mb ? ma : mb;
+    m = m > mc ? m : mc;
+    return (V)(twice_bias - ((VI)m & exponent));
+  }
+};
+#endif
+
+
+
+#if defined(TRIDIAX_VECTOR_SCAN)
+// Thomas on one contiguous lane of n rows: sub(i) = sub[i*ss] for i >= 1, sup(i) = sup[i*su]
+// for i <= n-2, d and b likewise (strides 0 or 1); x written; cp, yp: scratch of n rows rounded
+// up to whole vectors. Rows past n are identity rows (c' = y' = 0). Each vector of rows:
+//   c'_i = p_i / q_i with (p_i, q_i) = M_i ... M_0 (c'_in, 1), M_i = s_i (0 u_i; -l_i d_i),
+// s_i an exact power-of-two rescaling (the same Moebius map, bounded products);
+//   1/pivot_i = 1/(d_i - l_i c'_{i-1}) = s_i q_{i-1} / q_i,  y'_i = (b_i - l_i y'_{i-1}) / pivot_i
+// (a linear scan), then x_i = y'_i - c'_i x_{i+1} (a reverse linear scan). Same eliminations
+// and pivots as the row-by-row sweep, composed in another order: rounding differs at the
+// level of the sweep's own (tests/test_solve.py compares both with scipy).
+template <typename T>
+void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T* sup,
+                    int64_t su, const T* rhs, int64_t sr, T* x, int64_t n, T* cp, T* yp) {
+  using S = ScanVector<T>;
+  using V = typename S::V;
+  constexpr int L = S::L;
+  using Lanes = std::make_index_sequence<L>;
+  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
+  V first = zero, last = zero;  // all-ones in lane 0 (L-1): sub(0) and sup(n-1) are not read
+  first[0] = T(1);
+  last[L - 1] = T(1);
+  // Whole vectors of rows from row 0; a last partial one is taken as rows [n-L, n), entered
+  // from row n-L-1 (its rows before that are eliminated again, to the same values).
+  V c_in = zero, y_in = zero;  // c', y' of the row before the vector, in every lane
+  for (int64_t i0 = 0; i0 < n; i0 += L) {
+    if (i0 + L > n) {
+      i0 = n - L;
+      c_in = S::Splat(cp[i0 - 1]);
+      y_in = S::Splat(yp[i0 - 1]);
+    }
+    V l = S::Load(sub + i0 * ss, ss), u = S::Load(sup + i0 * su, su);
+    if (i0 == 0) l = first != zero ? zero : l;
+    if (i0 + L == n) u = last != zero ? zero : u;
+    const V d = S::Load(dia + i0 * sd, sd), b = S::Load(rhs + i0 * sr, sr);
+    const V s = S::PowerScale(l, d, u);
+    V m00 = zero, m01 = u * s, m10 = -l * s, m11 = d * s;
+    S::MatrixScan(m00, m01, m10, m11, one, zero);
+    const V p = m00 * c_in + m01, q = m10 * c_in + m11;
+    const V rq = one / q;
+    const V c = p * rq;
+    const V r = s * S::template Shift<1, true>(q, one, Lanes{}) * rq;  // 1/pivot
+    V coef = -l * r, y = b * r;
+    S::template Scan<true>(coef, y, one, zero);
+    y = coef * y_in + y;
+    S::Store(cp + i0, c);
+    S::Store(yp + i0, y);
+    c_in = S::template Broadcast<L - 1>(c, Lanes{});
+    y_in = S::template Broadcast<L - 1>(y, Lanes{});
+  }
+  // Back substitution from the last row, likewise: a first partial vector is rows [0, L).
+  V x_in = zero;
+  for (int64_t i0 = n - L; i0 > -L; i0 -= L) {
+    if (i0 < 0) {
+      i0 = 0;
+      x_in = S::Splat(x[L]);
+    }
+    V coef = -S::Load(cp + i0, 1), v = S::Load(yp + i0, 1);
+    S::template Scan<false>(coef, v, one, zero);
+    v = coef * x_in + v;
+    S::Store(x + i0, v);
+    x_in = S::template Broadcast<0>(v, Lanes{});
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Tridiagonal sweeps.
 //
 // Row i of the matrix swept reads sub[i]*x[i-1] + d[i]*x[i] + sup[i]*x[i+1] = b[i]; with
@@ -430,6 +603,14 @@ class Solver {
 
   void SolveTile(const Tile& tile, T* scratch) const {
     const int64_t W = g_.W, len = tile.len, w = tile.w;
+#if defined(TRIDIAX_VECTOR_SCAN)
+    if constexpr (std::is_floating_point_v<T>) {
+      // Two vectors of rows at least: shorter systems sweep faster a tile at a time.
+      if (mode_ == kSolve && kind_ == kThomas && g_.Q == 1 && len >= 2 * ScanVector<T>::L) {
+        return ScanSolveTile(tile, scratch);
+      }
+    }
+#endif
     T* c = scratch;
     T* y = c + len * W;
     T* z = y + len * W;
@@ -533,6 +714,28 @@ class Solver {
       }
     }
   }
+
+#if defined(TRIDIAX_VECTOR_SCAN)
+  // Whole systems whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane.
+  void ScanSolveTile(const Tile& tile, T* scratch) const {
+    const int64_t len = tile.len, rows = (len + ScanVector<T>::L - 1) / ScanVector<T>::L *
+                                         ScanVector<T>::L;
+    const Operand &lo = ops_[0], &di = ops_[1], &up = ops_[2], &rh = ops_[3];
+    const auto at = [&](const Operand& op, int64_t s) {
+      return static_cast<const T*>(op.data) + g_.Of(tile, op.sp, op.sn, op.sq, g_.chunk).base +
+             s * g_.Of(tile, op.sp, op.sn, op.sq, g_.chunk).lane;
+    };
+    const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+    for (int64_t s = 0; s < tile.w; ++s) {
+      // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
+      const T* sub = transposed_ ? at(up, s) - up.sn : at(lo, s);
+      const T* sup = transposed_ ? at(lo, s) + lo.sn : at(up, s);
+      ScanThomasLane<T>(sub, transposed_ ? up.sn : lo.sn, at(di, s), di.sn, sup,
+                        transposed_ ? lo.sn : up.sn, at(rh, s), rh.sn,
+                        outs_[0] + so.base + s * so.lane, len, scratch, scratch + rows);
+    }
+  }
+#endif
 
   // x[i] = y'[i] - c'[i] x[i+1] in place in y, from x[n-1] = y'[n-1].
   void BackSubstitute(const T* c, T* y, int64_t W, int64_t w, int64_t n) const {
@@ -981,71 +1184,7 @@ class Factor {
   T* outs_[3];
 };
 
-// ---------------------------------------------------------------------------------------------
-// Linear recurrences along contiguous steps, scanned inside vector registers.
-//
-// When a lane's steps lie next to each other in memory (Q == 1: batch-first sequences, or the
-// chunks of one long sequence), a vector holds L consecutive steps of ONE lane instead of one
-// step of L lanes, so the lane is read as one stream instead of through transposes. The L
-// steps (c_i, x_i) compose by a log-step scan: at distance k = 1, 2, 4, ...,
-//   x_i += c_i * x_{i-k},  c_i *= c_{i-k}     (lanes i < k take c = 1, x = 0),
-// after which h_i = c_i * h_in + x_i for every step and c_{L-1} is the product of the L
-// coefficients. The chain from one vector to the next is one multiply-add and one broadcast.
-// Reverse-time lanes scan towards lane 0. Only for real dtypes and the identity activation
-// (with or without a gate slope, which scales c and x): the scan needs a linear step.
-
-// Activations of a recurrence, and gate slopes: relu' or tanh' read from the state.
-enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
-
-#if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && defined(__AVX2__)
-#define TRIDIAX_VECTOR_SCAN 1
-#if defined(__AVX512F__)
-constexpr int kScanBytes = 64;
-#else
-constexpr int kScanBytes = 32;
-#endif
-
-template <typename T>
-struct ScanVector {
-  static constexpr int L = kScanBytes / static_cast<int>(sizeof(T));
-  typedef T V __attribute__((vector_size(kScanBytes)));
-
-  static V Load(const T* p, int64_t stride) {
-    if (stride == 0) return Splat(*p);
-    V v;
-    std::memcpy(&v, p, sizeof(V));
-    return v;
-  }
-  static void Store(T* p, V v) { std::memcpy(p, &v, sizeof(V)); }
-  static V Splat(T value) {
-    V v;
-    for (int i = 0; i < L; ++i) v[i] = value;
-    return v;
-  }
-  // Lane i takes v[i - K] (Up) or v[i + K], and `fill` where that is outside the vector.
-  template <int K, bool Up, size_t... I>
-  static V Shift(V v, V fill, std::index_sequence<I...>) {
-    return __builtin_shufflevector(
-        fill, v, (Up ? (static_cast<int>(I) < K ? static_cast<int>(I) : L + static_cast<int>(I) - K)
-                     : (static_cast<int>(I) + K < L ? L + static_cast<int>(I) + K
-                                                    : static_cast<int>(I)))...);
-  }
-  template <int Lane, size_t... I>
-  static V Broadcast(V v, std::index_sequence<I...>) {
-    return __builtin_shufflevector(v, v, (static_cast<int>(I) * 0 + Lane)...);
-  }
-  // The log-step scan of (c, x) over the vector's lanes, towards lane L-1 (Up) or lane 0.
-  template <bool Up, int K = 1>
-  static inline __attribute__((always_inline)) void Scan(V& c, V& x, V one, V zero) {
-    if constexpr (K < L) {
-      using Lanes = std::make_index_sequence<L>;
-      x += c * Shift<K, Up>(x, zero, Lanes{});
-      c *= Shift<K, Up>(c, one, Lanes{});
-      Scan<Up, 2 * K>(c, x, one, zero);
-    }
-  }
-};
-
+#if defined(TRIDIAX_VECTOR_SCAN)
 // One lane: its coefficients, inputs and gate at relative steps 0..len-1 (row strides 0 or 1),
 // its output (nullptr: none), `h` entering in scan order, `edge` the coefficient of the first
 // step in scan order when `shifted`. Returns the final state; multiplies the coefficients into
