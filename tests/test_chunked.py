@@ -106,13 +106,17 @@ def test_planner_chunks_few_long_systems_only():
     # One long system, a few long ones: chunked; many short ones: whole systems.
     assert _planner.solve_chunk(1, 1_000_000, 1, np.float32, **plan) > 0
     assert _planner.solve_chunk(1, 1_000_000, 64, np.float32, **plan) > 0
-    assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) > 0
+    assert _planner.solve_chunk(100, 100_000, 1, np.complex128, **plan) > 0
     assert _planner.solve_chunk(1, 100, 100_000, np.float32, **plan) == 0
     assert _planner.solve_chunk(100_000, 100, 1, np.float32, **plan) == 0
-    # Batch-first systems scanned one at a time (two work rows each) stay whole while those
-    # rows fit in cache; a tile of 32 row-swept complex systems would not.
+    # Batch-first real systems are scanned one at a time (two work rows each): whole as soon
+    # as every core has one; a tile of 32 row-swept complex systems would not fit in cache.
     assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
+    assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) == 0
     assert _planner.solve_chunk(2000, 5000, 1, np.complex64, **plan) > 0
+    # ... and their tiles give every core several shares of the work.
+    width = _planner.cpu_tiling(64, 1, 1, 10**6, np.float32, scan=True).width
+    assert -(-64 // width) >= min(64, 4 * _planner.cpu_cores())
     # Many systems of a few chunks each: tiles along the systems, not along 2-3 chunks.
     assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"

@@ -143,6 +143,14 @@ def valid_chunk(n: int, chunk: int, *, periodic: bool = False) -> int:
     return 0
 
 
+def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0) -> bool:
+    """Whether the native kernel scans each system's rows inside vector registers, one system
+    at a time (cpu_kernels.cc, ScanThomasLane): plain solves of whole real systems of at least
+    two vectors of rows, contiguous (Q == 1)."""
+    return (Q == 1 and kind == "thomas" and not chunk and N >= 2 * vector_lanes(dtype)
+            and not jnp.issubdtype(compute_dtype(dtype), jnp.complexfloating))
+
+
 def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
                 platform: str, chunk: int | None = None) -> int:
     """Rows per chunk for a solve of (P, N, Q) (0: whole systems). `chunk`: the user's
@@ -157,12 +165,14 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
     if platform == "cpu":
         if systems * N < MIN_CHUNKED_WORK:
             return 0
+        # Batch-first Thomas solves scan one system at a time (`scanned`): whole systems as
+        # soon as every core has one. Their two work rows may spill to memory (4 array passes
+        # more), which still costs less than chunking: the chunked sweeps go row by row.
+        if scanned(N, Q, kind, dtype) and P >= cpu_cores():
+            return 0
         tiling = cpu_tiling(P, 1, Q, N, dtype, columns=2)
         wide = systems >= cpu_cores() * 2 * vector_lanes(dtype)
-        # Batch-first Thomas solves (Q == 1, real) scan one system at a time (cpu_kernels.cc,
-        # ScanThomasLane): its two work rows are all that must stay in cache.
-        scanned = Q == 1 and kind == "thomas" and not jnp.issubdtype(dtype, jnp.complexfloating)
-        fits = 2 * N * (1 if scanned else tiling.width) * itemsize <= cpu_cache_bytes()
+        fits = 2 * N * tiling.width * itemsize <= cpu_cache_bytes()
         if wide and fits:
             return 0
         # Chunk tiles take whole rows (cpu_tiling), and chunks are as long as the cache holds
@@ -219,13 +229,17 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
 # Tiles.
 
 
-def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2) -> CpuTiling:
+def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
+               scan: bool = False) -> CpuTiling:
     """The C++ kernel's tile for P x C x Q lanes of `rows` rows, keeping `columns` work rows
     per lane: contiguous lanes along Q when Q fills a vector, else strided lanes (along P, or
-    along the chunks when there are few systems) in blocks of two vectors."""
+    along the chunks when there are few systems) in blocks of two vectors. `scan`: systems
+    scanned one at a time (`scanned`), where a tile is only a share of the work."""
     L = vector_lanes(dtype)
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
     cores = cpu_cores()
+    if scan:  # at least four tiles per core
+        return CpuTiling("p", int(np.clip(P // (4 * cores), 1, 2 * L)))
     if Q >= L:
         # Whole systems: as many as keep the work rows in cache (at least a cache line of
         # them). Chunks: whole rows, up to 512 (reading part of each row was 2x slower); the
@@ -254,7 +268,7 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
     rows = m or N
     columns = {"thomas": 2, "factored": 1, "periodic": 3, "pivoted": 4}.get(kind, 2)
     return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=3 if m else columns,
-                           block=block))
+                           block=block, scan=scanned(N, Q, kind, dtype, chunk=m)))
 
 
 def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, *, linear: bool,
@@ -271,9 +285,9 @@ def factor_plan(backend: str, P: int, N: int, Q: int, dtype) -> Plan:
     return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0))
 
 
-def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None):
+def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, scan=False):
     if backend == "native":
-        return cpu_tiling(P, C, Q, rows, dtype, columns=columns)
+        return cpu_tiling(P, C, Q, rows, dtype, columns=columns, scan=scan)
     if backend.startswith("pallas"):
         return block
     return None

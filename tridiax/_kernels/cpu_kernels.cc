@@ -46,6 +46,7 @@ namespace {
 constexpr int64_t kBlock = 8;   // rows and lanes of one transpose, the lane granule of a tile
 constexpr int64_t kRows = 16;   // rows per block of strided lanes (a cache line of floats)
 constexpr int64_t kAhead = 256;  // rows a strided lane is prefetched ahead of its reads
+constexpr int64_t kScanRows = 16;  // the most rows one vector holds (ScanVector<T>::L)
 
 // ---------------------------------------------------------------------------------------------
 // Operands and the 8x8 transposes.
@@ -591,8 +592,12 @@ class Solver {
   }
 
   int64_t tiles() const { return g_.tiles(); }
-  // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, 16 spare rows.
-  int64_t scratch_size() const { return (4 * g_.chunk + 4 * kRows + 16) * g_.W; }
+  // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, 16 spare rows; or, for systems
+  // scanned one at a time, c' and y' of one system.
+  int64_t scratch_size() const {
+    if (Scanned(g_.chunk)) return 2 * (g_.chunk + kScanRows);
+    return (4 * g_.chunk + 4 * kRows + 16) * g_.W;
+  }
 
   void Run(int64_t begin, int64_t end, T* scratch) const {
     for (int64_t t = begin; t < end; ++t) SolveTile(g_.At(t), scratch);
@@ -601,16 +606,21 @@ class Solver {
  private:
   const T* Data(int k) const { return static_cast<const T*>(ops_[k].data); }
 
-  void SolveTile(const Tile& tile, T* scratch) const {
-    const int64_t W = g_.W, len = tile.len, w = tile.w;
+  // Whether systems of `len` rows are scanned one at a time (ScanThomasLane): plain solves of
+  // contiguous real rows, two vectors of rows at least (shorter ones sweep faster a tile at a
+  // time).
+  bool Scanned(int64_t len) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
-      // Two vectors of rows at least: shorter systems sweep faster a tile at a time.
-      if (mode_ == kSolve && kind_ == kThomas && g_.Q == 1 && len >= 2 * ScanVector<T>::L) {
-        return ScanSolveTile(tile, scratch);
-      }
+      return mode_ == kSolve && kind_ == kThomas && g_.Q == 1 && len >= 2 * ScanVector<T>::L;
     }
 #endif
+    return false;
+  }
+
+  void SolveTile(const Tile& tile, T* scratch) const {
+    const int64_t W = g_.W, len = tile.len, w = tile.w;
+    if (Scanned(len)) return ScanSolveTile(tile, scratch);
     T* c = scratch;
     T* y = c + len * W;
     T* z = y + len * W;
@@ -715,27 +725,29 @@ class Solver {
     }
   }
 
-#if defined(TRIDIAX_VECTOR_SCAN)
   // Whole systems whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane.
   void ScanSolveTile(const Tile& tile, T* scratch) const {
-    const int64_t len = tile.len, rows = (len + ScanVector<T>::L - 1) / ScanVector<T>::L *
-                                         ScanVector<T>::L;
-    const Operand &lo = ops_[0], &di = ops_[1], &up = ops_[2], &rh = ops_[3];
-    const auto at = [&](const Operand& op, int64_t s) {
-      return static_cast<const T*>(op.data) + g_.Of(tile, op.sp, op.sn, op.sq, g_.chunk).base +
-             s * g_.Of(tile, op.sp, op.sn, op.sq, g_.chunk).lane;
-    };
-    const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-    for (int64_t s = 0; s < tile.w; ++s) {
-      // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
-      const T* sub = transposed_ ? at(up, s) - up.sn : at(lo, s);
-      const T* sup = transposed_ ? at(lo, s) + lo.sn : at(up, s);
-      ScanThomasLane<T>(sub, transposed_ ? up.sn : lo.sn, at(di, s), di.sn, sup,
-                        transposed_ ? lo.sn : up.sn, at(rh, s), rh.sn,
-                        outs_[0] + so.base + s * so.lane, len, scratch, scratch + rows);
+#if defined(TRIDIAX_VECTOR_SCAN)
+    if constexpr (std::is_floating_point_v<T>) {
+      const int64_t len = tile.len;
+      const int64_t rows = (len + ScanVector<T>::L - 1) / ScanVector<T>::L * ScanVector<T>::L;
+      const Operand &lo = ops_[0], &di = ops_[1], &up = ops_[2], &rh = ops_[3];
+      const auto at = [&](const Operand& op, int64_t s) {
+        const auto st = g_.Of(tile, op.sp, op.sn, op.sq, g_.chunk);
+        return static_cast<const T*>(op.data) + st.base + s * st.lane;
+      };
+      const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+      for (int64_t s = 0; s < tile.w; ++s) {
+        // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
+        const T* sub = transposed_ ? at(up, s) - up.sn : at(lo, s);
+        const T* sup = transposed_ ? at(lo, s) + lo.sn : at(up, s);
+        ScanThomasLane<T>(sub, transposed_ ? up.sn : lo.sn, at(di, s), di.sn, sup,
+                          transposed_ ? lo.sn : up.sn, at(rh, s), rh.sn,
+                          outs_[0] + so.base + s * so.lane, len, scratch, scratch + rows);
+      }
     }
-  }
 #endif
+  }
 
   // x[i] = y'[i] - c'[i] x[i+1] in place in y, from x[n-1] = y'[n-1].
   void BackSubstitute(const T* c, T* y, int64_t W, int64_t w, int64_t n) const {
