@@ -17,6 +17,10 @@
 // ...) stay in a per-thread scratch of (rows x W) values, so memory sees each input read once
 // and each output written once. Tiles are shared out over std::threads.
 //
+// Lanes whose rows are contiguous (Q == 1) are instead scanned one at a time, L rows per vector
+// register, for plain real solves and linear recurrences ("Contiguous lanes" below): one read
+// stream per operand, no transposes.
+//
 // Built on first use by tridiax/_kernels/_native.py against jax.ffi.include_dir(), with
 // -march=native: the transposes use AVX2 where the compiler targets it.
 
