@@ -133,6 +133,21 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **{**rec, "linear": False}) == 0
 
 
+def test_planner_scans_only_where_the_built_kernel_can(monkeypatch):
+    from tridiax._kernels import _native
+
+    plan = dict(kind="thomas", backend="native", platform="cpu")
+    assert _planner.scanned(5000, 1, "thomas", np.float32)
+    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
+    # A kernel built without the scans (no AVX2, an older compiler, another architecture):
+    # the same systems go row by row, in tiles whose work rows outgrow the cache: chunked.
+    monkeypatch.setattr(_native, "scan_rows", lambda itemsize: 0)
+    assert not _planner.scanned(5000, 1, "thomas", np.float32)
+    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) > 0
+    assert _planner.solve_plan("native", "cpu", 2000, 500, 1, np.float32,
+                               kind="thomas").tiling.width >= 8
+
+
 def test_gpu_plan_fills_the_sms_with_chunks_that_divide_n():
     plan = dict(kind="thomas", backend="pallas_triton", platform="cuda")
     m = _planner.solve_chunk(64, 10**6, 1, np.float32, **plan)

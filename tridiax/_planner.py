@@ -146,9 +146,14 @@ def valid_chunk(n: int, chunk: int, *, periodic: bool = False) -> int:
 def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0) -> bool:
     """Whether the native kernel scans each system's rows inside vector registers, one system
     at a time (cpu_kernels.cc, ScanThomasLane): plain solves of whole real systems of at least
-    two vectors of rows, contiguous (Q == 1)."""
-    return (Q == 1 and kind == "thomas" and not chunk and N >= 2 * vector_lanes(dtype)
-            and not jnp.issubdtype(compute_dtype(dtype), jnp.complexfloating))
+    two vectors of rows, contiguous (Q == 1), where the built kernel has the scans."""
+    cdt = jnp.dtype(compute_dtype(dtype))
+    if Q != 1 or kind != "thomas" or chunk or jnp.issubdtype(cdt, jnp.complexfloating):
+        return False
+    from ._kernels import _native  # the kernel says what it was built with (AVX2, compiler)
+
+    rows = _native.scan_rows(cdt.itemsize)
+    return rows > 0 and N >= 2 * rows
 
 
 def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
@@ -168,7 +173,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # Batch-first Thomas solves scan one system at a time (`scanned`): whole systems as
         # soon as every core has one. Their two work rows may spill to memory (4 array passes
         # more), which still costs less than chunking: the chunked sweeps go row by row.
-        if scanned(N, Q, kind, dtype) and P >= cpu_cores():
+        if backend == "native" and scanned(N, Q, kind, dtype) and P >= cpu_cores():
             return 0
         tiling = cpu_tiling(P, 1, Q, N, dtype, columns=2)
         wide = systems >= cpu_cores() * 2 * vector_lanes(dtype)
@@ -267,8 +272,9 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
     C = -(-N // m) if m else 1
     rows = m or N
     columns = {"thomas": 2, "factored": 1, "periodic": 3, "pivoted": 4}.get(kind, 2)
+    scan = backend == "native" and scanned(N, Q, kind, dtype, chunk=m)
     return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=3 if m else columns,
-                           block=block, scan=scanned(N, Q, kind, dtype, chunk=m)))
+                           block=block, scan=scan))
 
 
 def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, *, linear: bool,

@@ -88,6 +88,19 @@ def _library_path() -> pathlib.Path:
 
 
 @functools.cache
+def scan_rows(itemsize: int) -> int:
+    """Rows of a real element of `itemsize` bytes that the kernel scans per vector register in
+    contiguous lanes (cpu_kernels.cc, ScanVector): 16 float32 with AVX-512; 0 where the kernel
+    is not built or was built without the scans."""
+    if not available():
+        return 0
+    function = ctypes.cdll.LoadLibrary(str(_library_path())).TridiaxScanRows
+    function.restype = ctypes.c_int64
+    function.argtypes = [ctypes.c_int64]
+    return int(function(itemsize))
+
+
+@functools.cache
 def available() -> bool:
     """Whether the native CPU kernel is built and registered (builds it on first call)."""
     if os.environ.get("TRIDIAX_NATIVE", "1") == "0":

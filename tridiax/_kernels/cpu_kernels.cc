@@ -331,6 +331,15 @@ enum Kind : int64_t { kThomas = 0, kFactored = 1, kPeriodic = 2, kPivoted = 3 };
 // Activations of a recurrence, and gate slopes: relu' or tanh' read from the state.
 enum Activation : int64_t { kIdentity = 0, kRelu = 1, kTanh = 2 };
 
+// The slope a gate multiplies a step by (1 for kIdentity): relu'(g) or tanh'(g) read from the
+// state g, for a scalar or, lane by lane, a vector (`one`, `zero` of its type).
+template <int Gate, typename U>
+inline U GateSlope(U g, U one, U zero) {
+  if constexpr (Gate == kRelu) return g > zero ? one : zero;
+  if constexpr (Gate == kTanh) return one - g * g;
+  return one;
+}
+
 // The size LAPACK's gtsv compares to choose a pivot: |x| for real x, |Re x| + |Im x| (cabs1)
 // for complex x, which needs no square root.
 template <typename T>
@@ -490,11 +499,7 @@ struct ScanVector {
     return (V)(twice_bias - ((VI)m & exponent));
   }
 };
-#endif
 
-
-
-#if defined(TRIDIAX_VECTOR_SCAN)
 // Thomas on one contiguous lane of n rows: sub(i) = sub[i*ss] for i >= 1, sup(i) = sup[i*su]
 // for i <= n-2, d and b likewise (strides 0 or 1); x written; cp, yp: scratch of n rows rounded
 // up to whole vectors. Rows past n are identity rows (c' = y' = 0). Each vector of rows:
@@ -735,19 +740,18 @@ class Solver {
     if constexpr (std::is_floating_point_v<T>) {
       const int64_t len = tile.len;
       const int64_t rows = (len + ScanVector<T>::L - 1) / ScanVector<T>::L * ScanVector<T>::L;
-      const Operand &lo = ops_[0], &di = ops_[1], &up = ops_[2], &rh = ops_[3];
-      const auto at = [&](const Operand& op, int64_t s) {
-        const auto st = g_.Of(tile, op.sp, op.sn, op.sq, g_.chunk);
-        return static_cast<const T*>(op.data) + st.base + s * st.lane;
-      };
+      Geometry::Strides st[4];  // lower, diag, upper, rhs
+      for (int k = 0; k < 4; ++k) st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
+      const auto at = [&](int k, int64_t s) { return Data(k) + st[k].base + s * st[k].lane; };
+      const int64_t sl = ops_[0].sn, sd = ops_[1].sn, su = ops_[2].sn, sr = ops_[3].sn;
       const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
       for (int64_t s = 0; s < tile.w; ++s) {
         // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
-        const T* sub = transposed_ ? at(up, s) - up.sn : at(lo, s);
-        const T* sup = transposed_ ? at(lo, s) + lo.sn : at(up, s);
-        ScanThomasLane<T>(sub, transposed_ ? up.sn : lo.sn, at(di, s), di.sn, sup,
-                          transposed_ ? lo.sn : up.sn, at(rh, s), rh.sn,
-                          outs_[0] + so.base + s * so.lane, len, scratch, scratch + rows);
+        const T* sub = transposed_ ? at(2, s) - su : at(0, s);
+        const T* sup = transposed_ ? at(0, s) + sl : at(2, s);
+        ScanThomasLane<T>(sub, transposed_ ? su : sl, at(1, s), sd, sup, transposed_ ? sl : su,
+                          at(3, s), sr, outs_[0] + so.base + s * so.lane, len, scratch,
+                          scratch + rows);
       }
     }
 #endif
@@ -1217,8 +1221,7 @@ T ScanLane(const T* a, int64_t sa, const T* x, int64_t sx, const T* g, int64_t s
   auto step = [&](int64_t t, T c) {
     T v = x[t * sx];
     if constexpr (Gate != kIdentity) {
-      const T gt = g[t * sg];
-      const T slope = Gate == kRelu ? (gt > T(0) ? T(1) : T(0)) : T(1) - gt * gt;
+      const T slope = GateSlope<Gate>(g[t * sg], T(1), T(0));
       c *= slope;
       v *= slope;
     }
@@ -1232,13 +1235,7 @@ T ScanLane(const T* a, int64_t sa, const T* x, int64_t sx, const T* g, int64_t s
     V c = S::Load(a + (t0 + lag) * sa, sa);
     V v = S::Load(x + t0 * sx, sx);
     if constexpr (Gate != kIdentity) {
-      const V gv = S::Load(g + t0 * sg, sg);
-      V slope;
-      if constexpr (Gate == kRelu) {
-        slope = gv > zero ? one : zero;
-      } else {
-        slope = one - gv * gv;
-      }
+      const V slope = GateSlope<Gate>(S::Load(g + t0 * sg, sg), one, zero);
       c *= slope;
       v *= slope;
     }
@@ -1393,8 +1390,7 @@ class Recurrence {
         T v = a[s] * h[s] + x[s];
         T slope = T(1);
         if constexpr (std::is_floating_point_v<T>) {
-          if constexpr (Gate == kRelu) slope = g[s] > T(0) ? T(1) : T(0);
-          if constexpr (Gate == kTanh) slope = T(1) - g[s] * g[s];
+          slope = GateSlope<Gate>(g[s], T(1), T(0));
           if constexpr (Gate != kIdentity) v *= slope;
           if constexpr (Act == kRelu) v = v > T(0) ? v : T(0);
           if constexpr (Act == kTanh) v = std::tanh(v);
@@ -1718,3 +1714,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceEndsCpu, RecurrenceEndsImpl,
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
                                   .Attr<int64_t>("chunk"));
+
+// Rows of one vector of the contiguous-lane scans for a real element of `itemsize` bytes (0:
+// built without them): the planner keeps scanned systems whole (tridiax/_planner.py, scanned).
+extern "C" int64_t TridiaxScanRows(int64_t itemsize) {
+#if defined(TRIDIAX_VECTOR_SCAN)
+  if (itemsize == 4) return ScanVector<float>::L;
+  if (itemsize == 8) return ScanVector<double>::L;
+#endif
+  (void)itemsize;
+  return 0;
+}
