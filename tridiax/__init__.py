@@ -3,7 +3,8 @@
 Kernels along any axis of a batched array, gradients by implicit differentiation, verified
 against SciPy (`tridiax.verify`). `tridiax.lineax` (lineax interop) is imported on first use.
 
-Solves: `solve_tridiagonal`, `solve_periodic_tridiagonal`; operators and solvers (Equinox
+Solves: `solve_tridiagonal`, `solve_periodic_tridiagonal`, `solve_banded`, `solveh_banded`
+(scipy's banded layout); operators `Banded`, `BandedFactorization`, and solvers (Equinox
 modules): `Tridiagonal`, `TDMA`, `TridiagonalFactorization`; recurrences: `linear_recurrence`,
 `indrnn`, `LinearRecurrence`, `IndRNN`; `BreakdownError` is what `check=True` raises.
 How `axis` and shapes are read, for all of them: README, "Shapes and axis".
@@ -13,6 +14,10 @@ import importlib
 import importlib.metadata
 
 from . import verify as verify
+from ._banded import solve_banded as solve_banded
+from ._banded import solveh_banded as solveh_banded
+from ._banded_operator import Banded as Banded
+from ._banded_operator import BandedFactorization as BandedFactorization
 from ._check import BreakdownError as BreakdownError
 from ._factorization import TridiagonalFactorization as TridiagonalFactorization
 from ._modules import IndRNN as IndRNN
@@ -27,6 +32,8 @@ from ._solve import solve_tridiagonal as solve_tridiagonal
 __version__ = importlib.metadata.version("tridiax")
 
 __all__ = [
+    "Banded",
+    "BandedFactorization",
     "BreakdownError",
     "IndRNN",
     "LinearRecurrence",
@@ -35,8 +42,10 @@ __all__ = [
     "TridiagonalFactorization",
     "indrnn",
     "linear_recurrence",
+    "solve_banded",
     "solve_periodic_tridiagonal",
     "solve_tridiagonal",
+    "solveh_banded",
     "verify",
 ]
 

@@ -248,3 +248,27 @@ def kernels(backend: str) -> Kernels:
 
     return composed(pallas(_pallas_thomas.solve_pnq), pallas(_pallas_recurrence.recurrence_pnq),
                     stack=backend != "pallas_triton")
+
+
+def banded_kernel(backend: str) -> Callable:
+    """`backend`'s banded solve over ((l + u + 1), P|1, N|1, Q|1) bands and a (P, N, Q)
+    right-hand side: `kernel(ab, b, *, l, u, kind, transposed, out_dtype)`
+    (`_kernels/_xla_banded.py` states the algorithm every backend runs). Mosaic GPU has no
+    banded kernel and runs XLA's."""
+    from ._kernels import _xla_banded
+
+    if backend == "native":
+        from ._kernels import _native
+
+        return getattr(_native, "banded_pnq", _xla_banded.solve_pnq)  # TODO(lead): native kernel
+    if backend in ("pallas_triton", "pallas_interpret"):
+        try:
+            from ._kernels import _pallas_banded
+        except ImportError:  # TODO(lead)
+            return _xla_banded.solve_pnq
+        options = ({"interpret": True} if backend == "pallas_interpret"
+                   else {"compiler_params": _triton_params})
+        return functools.partial(_pallas_banded.solve_pnq, **options)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}")
+    return _xla_banded.solve_pnq

@@ -51,6 +51,7 @@ class BreakdownMessages(Sequence):
     tolerance: float
     pivoting: bool
     periodic: bool = False
+    family: str = "tridiagonal"  # or "banded", or "hermitian banded" (solveh_banded)
 
     def __len__(self) -> int:
         return self.total + 1
@@ -58,9 +59,26 @@ class BreakdownMessages(Sequence):
     def __getitem__(self, failed: int) -> str:
         if not 0 <= failed <= self.total:
             raise IndexError(failed)
-        kind = "periodic tridiagonal" if self.periodic else "tridiagonal"
+        kind = f"periodic {self.family}" if self.periodic else self.family
         head = (f"tridiax: {failed} of {self.total} {kind} systems failed: the solution is "
                 f"not finite or its backward error exceeds {self.tolerance:.1e}. ")
+        if self.family == "hermitian banded":
+            return head + (
+                "solveh_banded factors A = L D L^H without pivoting and refuses (NaN) a matrix "
+                "whose pivots are not all positive: those matrices are not Hermitian positive "
+                "definite at this precision (or their inputs hold inf/NaN). Use "
+                "tridiax.solve_banded (partial pivoting) for indefinite matrices.")
+        if self.family == "banded":
+            if self.pivoting:
+                return head + (
+                    "The solve pivoted (LAPACK's gbsv), so those matrices are singular or nearly "
+                    "singular at this precision, or their inputs hold inf/NaN: check the "
+                    "inputs, use float64, or regularise the problem.")
+            return head + (
+                "Without pivoting a zero or tiny pivot breaks the elimination; it is safe for "
+                "diagonally dominant or Hermitian positive definite matrices. Pass "
+                "pivoting=True (row interchanges, as LAPACK's gbsv); if the inputs hold "
+                "inf/NaN, fix those.")
         if self.pivoting:
             tail = (" (or the tridiagonal part left by the Sherman-Morrison split is singular "
                     "although the cyclic matrix is not, as for a cyclic shift: solve those "
@@ -81,22 +99,41 @@ def count_failures(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array
     """The number of systems whose solution `x` failed (see module), as an int32 scalar."""
     shape = x.shape
     n = shape[axis]
-    tolerance = failure_tolerance(x.dtype)
-    compute = jnp.promote_types(x.dtype, jnp.float32)
-    # The count is not differentiated: no tangents or cotangents for its arithmetic.
-    lower, diag, upper, rhs, x = (lax.stop_gradient(v).astype(compute)
-                                  for v in (lower, diag, upper, rhs, x))
-
-    def norm(v):  # per system: max over the axis
-        return jnp.max(jnp.broadcast_to(jnp.abs(v), shape), axis=axis)
-
+    lower, diag, upper, rhs, x = _uncounted(lower, diag, upper, rhs, x)
     residual = rhs - _bands.matvec(lower, diag, upper, x, axis=axis, periodic=periodic)
     # ||A||_inf: lower[0] and upper[N-1] are outside a non-periodic matrix, whatever they hold.
     row = jnp.arange(n).reshape([n if k == axis else 1 for k in range(len(shape))])
     lower, upper = jnp.abs(lower), jnp.abs(upper)
     if not periodic:
         lower, upper = jnp.where(row > 0, lower, 0), jnp.where(row < n - 1, upper, 0)
-    scale = norm(lower + jnp.abs(diag) + upper) * norm(x) + norm(rhs)
+    return _count(x, rhs, residual, lower + jnp.abs(diag) + upper, axis=axis)
+
+
+def count_banded_failures(x: Array, ab: Array, rhs: Array, *, l: int, u: int, axis: int) -> Array:
+    """`count_failures` for the banded matrix of scipy's layout `ab` (`_bands.banded_matvec`)."""
+    ab, rhs, x = _uncounted(ab, rhs, x)
+    residual = rhs - _bands.banded_matvec(ab, x, l=l, u=u, axis=axis)
+    return _count(x, rhs, residual, _bands.banded_row_sums(ab, x.shape, l=l, u=u, axis=axis),
+                  axis=axis)
+
+
+def _uncounted(*arrays):
+    """The count is not differentiated: no tangents or cotangents for its arithmetic, which
+    runs in at least float32."""
+    compute = jnp.promote_types(arrays[-1].dtype, jnp.float32)
+    return [lax.stop_gradient(v).astype(compute) for v in arrays]
+
+
+def _count(x: Array, rhs: Array, residual: Array, row_sums: Array, *, axis: int) -> Array:
+    """Systems whose x is not finite or whose normwise backward error ||r|| / (||A|| ||x|| +
+    ||b||) (inf-norms per system; ||A|| from the absolute row sums) exceeds the tolerance."""
+    shape = x.shape
+    tolerance = failure_tolerance(x.dtype)
+
+    def norm(v):  # per system: max over the axis
+        return jnp.max(jnp.broadcast_to(jnp.abs(v), shape), axis=axis)
+
+    scale = norm(row_sums) * norm(x) + norm(rhs)
     error = norm(residual) / jnp.where(scale > 0, scale, 1)
     failed = ~(jnp.isfinite(error) & jnp.all(jnp.isfinite(x), axis=axis)) | (error > tolerance)
     return jnp.sum(failed, dtype=jnp.int32)
@@ -106,9 +143,11 @@ def failure_tolerance(dtype) -> float:
     return math.sqrt(float(jnp.finfo(dtype).eps))
 
 
-def messages_for(shape, axis: int, dtype, *, pivoting: bool, periodic: bool) -> BreakdownMessages:
+def messages_for(shape, axis: int, dtype, *, pivoting: bool, periodic: bool,
+                 family: str = "tridiagonal") -> BreakdownMessages:
     total = math.prod(shape) // shape[axis]
-    return BreakdownMessages(total, failure_tolerance(dtype), bool(pivoting), bool(periodic))
+    return BreakdownMessages(total, failure_tolerance(dtype), bool(pivoting), bool(periodic),
+                             family)
 
 
 def enforce(x: Array, count: Array, messages: BreakdownMessages) -> Array:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-__all__ = ["reference_solve", "relative_residual"]
+__all__ = ["reference_solve", "reference_solve_banded", "relative_residual"]
 
 
 def _systems(arrays, axis: int):
@@ -114,3 +114,45 @@ def relative_residual(lower, diag, upper, x, rhs, *, axis: int = -1) -> np.ndarr
         res = inf(ax - b) / np.where(denom == 0, 1, denom)
     del n
     return res.reshape(tuple(np.delete(shape, axis)))
+
+
+def reference_solve_banded(l_and_u, ab, b, *, axis: int = -1, hermitian: bool = False,
+                           lower: bool = False) -> np.ndarray:
+    """Solve every system with `scipy.linalg.solve_banded` (LAPACK gbsv, partial pivoting),
+    or with `hermitian=True`, `scipy.linalg.solveh_banded` (LAPACK pbsv, banded Cholesky;
+    `lower` as there, `l_and_u` ignored).
+
+    Same conventions as `tridiax.solve_banded` / `tridiax.solveh_banded`: `ab` has the band
+    index as its leading axis, ab[u + i - j, j] = A[i, j] along `axis`; an `ab` of shape
+    (bands, N) is one matrix for every system; otherwise `ab[0]` broadcasts against `b`.
+    A system scipy refuses (singular, or not positive definite) is NaN in the result.
+
+    **Returns:** a NumPy array of the broadcast shape, in float64 (complex128 for complex input).
+    """
+    ab, b = np.asarray(ab), np.asarray(b)
+    if ab.ndim < 2 or b.ndim < 1:
+        raise ValueError("ab needs a band axis and a row axis; b needs a row axis.")
+    axis = axis % b.ndim
+    bands = ab.shape[0]
+    band = ab.reshape(ab.shape[:2] + (1,) * (b.ndim - 1 - axis)) if ab.ndim == 2 else ab
+    (b_s, *ab_s), shape, axis = _systems([b] + [band[k] for k in range(bands)], axis)
+    x = np.empty_like(np.asarray(b_s, dtype=np.result_type(b_s, *ab_s)))
+    n = shape[axis]
+    offsets = np.arange(bands)[:, None] + np.arange(n)[None, :]  # k + j
+    if hermitian:  # upper: i = j + k - u >= 0; lower: i = j + k < n
+        inside = offsets >= bands - 1 if not lower else offsets < n
+    else:  # i = j + k - u in [0, n)
+        u = l_and_u[1]
+        inside = (offsets - u >= 0) & (offsets - u < n)
+    for s in range(x.shape[0]):
+        # Entries outside the matrix are ignored (scipy's check_finite reads them anyway).
+        matrix = np.where(inside, np.stack([a[s] for a in ab_s]), 0)
+        try:
+            if hermitian:
+                x[s] = scipy.linalg.solveh_banded(matrix, b_s[s], lower=lower)
+            else:
+                x[s] = scipy.linalg.solve_banded(tuple(l_and_u), matrix, b_s[s])
+        except np.linalg.LinAlgError:
+            x[s] = np.nan
+    moved = x.reshape(tuple(np.delete(shape, axis)) + (shape[axis],))
+    return np.moveaxis(moved, -1, axis)
