@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tridiax import verify
+from tridiax._banded import solve as solve_banded
 from tridiax._recurrence import recurrence
 from tridiax._solve import solve
 
@@ -116,6 +117,61 @@ def _solve_property(data):
         assert error < 100 * max(n, 2) * eps
 
 
+def _banded_property(data):
+    # Bands of widths 0..4 below and above, dominant (with or without pivoting) or random
+    # (pivoting; N <= 100: conditioning grows with N); a band's shape broadcasts like a
+    # tridiagonal band's, b keeps every dimension.
+    l, u = data.draw(st.integers(0, 4), label="l"), data.draw(st.integers(0, 4), label="u")
+    dominant = data.draw(st.booleans(), label="dominant")
+    shape, axis, shapes = data.draw(layouts(max_n=600 if dominant else 100), label="layout")
+    dtype = np.dtype(data.draw(st.sampled_from(DTYPES), label="dtype"))
+    backend = data.draw(st.sampled_from(backends(dtype)), label="backend")
+    pivoting = data.draw(st.booleans(), label="pivoting") if dominant else True
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    band_shape, b_shape = shapes[1], shapes[3]
+    ab = draw_array(rng, (l + u + 1,) + band_shape, dtype)
+    if dominant:
+        ab[u] = ab[u] + (l + u + 1.5) * np.where(np.real(ab[u]) >= 0, 1, -1)
+    ab, b = ab.astype(dtype), draw_array(rng, b_shape, dtype).astype(dtype)
+    full = np.broadcast_shapes(band_shape, b_shape)
+    try:
+        reference = verify.reference_solve_banded((l, u), ab, b, axis=axis)
+    except ValueError:
+        assume(False)  # a (bands, N) ab is one matrix along `axis`: its N must fit there
+    assume(np.all(np.isfinite(reference)))
+    assume(np.max(np.abs(reference)) < 1e10 * max(np.max(np.abs(b)), 1e-30))
+    if backend == "pallas_interpret" and full[axis] > 200:
+        backend = "xla"
+    try:
+        x = solve_banded((l, u), jnp.asarray(ab), jnp.asarray(b), axis=axis, backend=backend,
+                         pivoting=pivoting)
+    except ValueError as err:
+        assert "does not guess which was meant" in str(err) or "fit" in str(err), err
+        assume(False)
+    assert x.shape == reference.shape and x.dtype == dtype
+    x = np.moveaxis(np.broadcast_to(np.asarray(x, np.complex128), full), axis, -1)
+    bands = np.moveaxis(np.broadcast_to(ab.reshape(
+        (l + u + 1,) + (1,) * (len(full) - len(band_shape)) + band_shape),
+        (l + u + 1,) + full), axis + 1 if axis >= 0 else axis, -1).astype(np.complex128)
+    n, eps = full[axis], np.finfo(dtype).eps
+    product, row_sums = np.zeros_like(x), np.zeros(x.shape)
+    for k in range(l + u + 1):  # (A x)[i] += ab[k, j] x[j] with i = j + k - u
+        s = k - u
+        if abs(s) >= n:
+            continue
+        lo_j, hi_j = max(0, -s), min(n, n - s)
+        product[..., lo_j + s:hi_j + s] += bands[k][..., lo_j:hi_j] * x[..., lo_j:hi_j]
+        row_sums[..., lo_j + s:hi_j + s] += np.abs(bands[k][..., lo_j:hi_j])
+    rhs = np.moveaxis(np.broadcast_to(b, full), axis, -1)
+    inf = lambda v: np.max(np.abs(v), axis=-1)  # noqa: E731
+    backward = inf(product - rhs) / np.maximum(inf(row_sums) * inf(x) + inf(rhs), 1e-300)
+    assert np.all(backward < 50 * max(n, 2) * eps), np.max(backward)
+    if dominant:
+        error = np.max(np.abs(np.moveaxis(x, -1, axis) - reference)) / max(
+            np.max(np.abs(reference)), 1e-30)
+        assert error < 200 * max(n, 2) * eps
+
+
 def _recurrence_property(data):
     shape, axis, shapes = data.draw(layouts(max_n=1000), label="layout")
     dtype = np.dtype(data.draw(st.sampled_from(DTYPES), label="dtype"))
@@ -146,3 +202,4 @@ def _recurrence_property(data):
 
 test_solve_property, test_solve_property_large = property_tests(_solve_property)
 test_recurrence_property, test_recurrence_property_large = property_tests(_recurrence_property)
+test_banded_property, test_banded_property_large = property_tests(_banded_property)
