@@ -363,3 +363,20 @@ def test_factorization_gradients_and_jit():
     np.testing.assert_allclose(
         pivoting.solve(b), scipy.linalg.solve_banded((l, u), np.asarray(ab.at[u].set(0.0)), b),
         rtol=1e-9)
+
+
+@pytest.mark.parametrize("l, u", [(1, 1), (2, 1), (0, 3), (3, 0)])
+@pytest.mark.parametrize("pivoting", [True, False])
+def test_transposed_solve_every_backend_ignores_corners(l, u, pivoting):
+    n = 9  # b_bar = A^{-T} x_bar: the kernels' transposed reading, with NaN outside the matrix
+    ab = random_ab(l, u, (2, n), np.float64, seed=4, dominant=True)
+    g = np.random.default_rng(5).standard_normal((2, n))
+    a = dense_of(np.nan_to_num(ab), l, u)
+    expected = np.linalg.solve(np.swapaxes(a, -1, -2), g[..., None])[..., 0]
+    for backend in backends(np.float64):
+        def f(b, backend=backend):
+            return _banded.solve((l, u), ab, b, pivoting=pivoting, backend=backend)
+
+        _, vjp = jax.vjp(f, jnp.zeros((2, n)))
+        np.testing.assert_allclose(vjp(jnp.asarray(g))[0], expected, rtol=1e-11,
+                                   err_msg=backend)

@@ -262,10 +262,8 @@ def banded_kernel(backend: str) -> Callable:
 
         return getattr(_native, "banded_pnq", _xla_banded.solve_pnq)  # TODO(lead): native kernel
     if backend in ("pallas_triton", "pallas_interpret"):
-        try:
-            from ._kernels import _pallas_banded
-        except ImportError:  # TODO(lead)
-            return _xla_banded.solve_pnq
+        from ._kernels import _pallas_banded
+
         options = ({"interpret": True} if backend == "pallas_interpret"
                    else {"compiler_params": _triton_params})
         return functools.partial(_pallas_banded.solve_pnq, **options)

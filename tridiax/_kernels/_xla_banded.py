@@ -134,7 +134,7 @@ def _eliminate(ab, b, *, l, u, kind, transposed, record):
     def entry(i, d: int) -> Array:
         """A[i, i + d] of the matrix solved (zero outside it), shape (P, Q)."""
         k, col = (u + d, i) if transposed else (u - d, i + d)
-        valid = (i >= 0) & (i < N) & (col >= 0) & (col < N)
+        valid = (i >= 0) & (i < N) & (i + d >= 0) & (i + d < N)  # both ends of A[i, i + d]
         band = ab[k]
         index = 0 if band.shape[1] == 1 else jnp.clip(col, 0, N - 1)
         value = lax.dynamic_index_in_dim(band, index, 1, keepdims=False)
