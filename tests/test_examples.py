@@ -36,7 +36,7 @@ def test_examples_readme_lists_every_script_and_what_it_takes():
     scripts = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
     listed = sorted(set(re.findall(r"^\| \[(\w+\.py)\]", readme, re.MULTILINE)))
     assert listed == scripts
-    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
     assert f"all {words[len(scripts)]} together" in readme
     for script in scripts:  # the flags the README promises are there
         options = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"],
@@ -101,6 +101,36 @@ def test_indrnn_learns_the_adding_problem(tmp_path):
     assert float(epochs[-1][1]) < 0.5 / 6 < float(epochs[0][1])  # from baseline-like to below half
     assert number(r"test MSE (\S+) -> (\S+)", out, 2) < 0.5 / 6
     assert (tmp_path / "indrnn_adding.png").stat().st_size > 10_000
+
+
+def test_beam_pentadiagonal_converges_at_second_order(tmp_path):
+    out = run_example("beam_pentadiagonal.py", "--quick", "--out", str(tmp_path))
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s*\d+\s+\d\.\d+e-\d+", line)]
+    assert len(rows) == 3
+    for beam in ("simply supported", "clamped"):
+        assert abs(number(f"observed order of convergence, {beam}: (\\S+)", out) - 2) < 0.1
+    first, last = [float(v) for v in rows[0][2:4]], [float(v) for v in rows[-1][2:5:2]]
+    assert last[0] < first[0] / 10 and last[1] < first[1] / 10  # both beams' errors fall
+    for row in rows:  # solve_banded against scipy, solveh_banded against solve_banded
+        assert float(row[-2]) < 1e-11 and float(row[-1]) < 1e-9
+    assert number(r"solveh_banded: \d+ beams of \d+ points in (\S+) ms", out) > 0
+    assert (tmp_path / "beam_pentadiagonal.png").stat().st_size > 10_000
+
+
+def test_diffrax_banded_matches_the_dense_newton_solve(tmp_path):
+    pytest.importorskip("diffrax")
+    pytest.importorskip("optimistix")
+    out = run_example("diffrax_banded.py", "--quick", "--out", str(tmp_path))
+    assert number(r"max \|u_banded - u_dense\| .* \(relative (\S+)\)", out) < 1e-10
+    steps = re.findall(r"^\s+(banded|dense): (\d+) accepted steps", out, re.MULTILINE)
+    assert len(steps) == 2 and steps[0][1] == steps[1][1] and int(steps[0][1]) > 5
+    rows = re.findall(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+\S+x\s+(\S+)$", out, re.MULTILINE)
+    assert [int(r[0]) for r in rows] == [64, 128, 256]
+    for _, banded, dense, difference in rows:
+        assert float(banded) > 0 and float(dense) > 0 and float(difference) < 1e-10
+    assert float(rows[-1][2]) > 3 * float(rows[-1][1])  # dense LU at N = 256 is much slower
+    assert number(r"slope .*: banded (\S+), dense", out) < 2
+    assert (tmp_path / "diffrax_banded.png").stat().st_size > 10_000
 
 
 def test_examples_run_without_matplotlib(tmp_path):

@@ -11,6 +11,21 @@ x = lx.linear_solve(op, jnp.ones(n), solver=tridiax.lineax.TDMA()).value
 `tridiax.TDMA()` works in its place. A lineax operator is one system; `jax.vmap` over a batch
 of operators and right-hand sides runs one batched kernel (tridiax's batching rule), not a
 loop. Needs lineax (`pip install ".[lineax]"`).
+
+`tridiax.lineax.Banded(l, u)` solves with ANY square lineax operator on 1-D vectors whose
+matrix is banded (l sub- and u super-diagonals): `MatrixLinearOperator`,
+`JacobianLinearOperator` (e.g. the Jacobian of a Newton step in optimistix or diffrax),
+`FunctionLinearOperator`, ... It reads the band with l + u + 1 matrix-vector products (JVPs for
+a Jacobian), not N, and solves with `tridiax.solve_banded`:
+
+```python
+import jax.numpy as jnp, lineax as lx, tridiax
+def f(y):   # a pentadiagonal Jacobian: (l, u) = (2, 2)
+    return 6 * y - 4 * (jnp.roll(y, 1) + jnp.roll(y, -1)) + jnp.roll(y, 2) + jnp.roll(y, -2)
+y0 = jnp.linspace(0.0, 1.0, 8)
+op = lx.JacobianLinearOperator(lambda y, args: f(y).at[:2].set(y[:2]).at[-2:].set(y[-2:]), y0)
+x = lx.linear_solve(op, jnp.ones(8), solver=tridiax.lineax.Banded(2, 2)).value
+```
 """
 
 from __future__ import annotations
@@ -31,9 +46,10 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from . import _backend
+from ._banded import solve_banded
 from ._solve import solve
 
-__all__ = ["TDMA"]
+__all__ = ["Banded", "TDMA"]
 
 
 class TDMA(lx.AbstractLinearSolver):
@@ -121,3 +137,145 @@ def transpose_state(state):
 
 def conj_state(state):
     return tuple(jnp.conj(x) for x in state)
+
+
+class Banded(lx.AbstractLinearSolver):
+    """A banded LU solve (`tridiax.solve_banded`) for any lineax operator whose matrix has `l`
+    sub-diagonals and `u` super-diagonals.
+
+    `init` reads the band from the operator with `l + u + 1` matrix-vector products (for a
+    `lineax.JacobianLinearOperator`: JVPs, all in one batched call), by graph colouring: colour
+    `c` is the set of columns `j` with `j % (l + u + 1) == c`. Two columns of one colour are at
+    least `l + u + 1` apart, so no row has nonzero entries in both, and one product with the sum
+    of a colour's unit vectors gives, in row `i`, `A[i, j]` for the one column `j` of that colour
+    inside the row's band. A `lineax.MatrixLinearOperator` has its band read directly. The band
+    is assembled in scipy's layout, `ab[u + i - j, j] == A[i, j]`, shape `(l + u + 1, N)`.
+
+    **The operator must be banded**: entries outside the band are not read by the matrix case
+    and, for the others, are silently added into the band entries of their colour (what a
+    graph-coloured Jacobian is); nothing checks it.
+
+    **Fields** (static):
+    - `l`, `u`: the numbers of sub- and super-diagonals (non-negative integers).
+    - `pivoting` (default True): partial pivoting (row interchanges, as LAPACK's gbsv) for any
+      nonsingular matrix; `False` eliminates without, for diagonally dominant or symmetric
+      positive definite matrices, and is faster.
+    - `check` (default False): as in `tridiax.solve_banded`, raise an error when the
+      elimination breaks down.
+
+    A zero pivot gives a non-finite solution, reported as `lineax.RESULTS.singular` (so
+    `linear_solve(..., throw=True)` raises). Transposed solves (reverse-mode gradients, lineax's
+    `transpose`) transpose the band (bandwidths `(u, l)`) and run the same `tridiax.solve_banded`;
+    gradients w.r.t. the operator come from lineax's implicit differentiation. The operator must
+    be square, with one 1-D array as its input and output structure (a band is defined along one
+    axis); batch with `jax.vmap`.
+
+    ```python
+    import jax.numpy as jnp, lineax as lx, optimistix as optx, tridiax
+    newton = optx.Newton(rtol=1e-8, atol=1e-8, linear_solver=tridiax.lineax.Banded(2, 2))
+    ```
+    """
+
+    l: int = eqx.field(static=True)
+    u: int = eqx.field(static=True)
+    pivoting: bool = eqx.field(static=True, default=True)
+    check: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        for name in ("l", "u"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"tridiax.lineax.Banded({name}=...) must be a non-negative integer (the "
+                    f"number of {'sub' if name == 'l' else 'super'}-diagonals), got {value!r}.")
+
+    def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
+        del options
+        in_structure, out_structure = _vector_structures(operator)
+        return _BandedState(band_from_operator(operator, self.l, self.u), self.l, self.u,
+                            in_structure, out_structure)
+
+    def compute(self, state, vector, options: dict[str, Any]):
+        del options
+        x = solve_banded((state.l, state.u), state.ab, vector, pivoting=self.pivoting,
+                          check=self.check)
+        result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful,
+                                  lx.RESULTS.singular)
+        if jnp.iscomplexobj(x) and not jnp.issubdtype(state.in_structure.dtype, jnp.complexfloating):
+            x = jnp.real(x)
+        return x.astype(state.in_structure.dtype), result, {}
+
+    def transpose(self, state, options: dict[str, Any]):
+        return _BandedState(transpose_band(state.ab, state.l, state.u), state.u, state.l,
+                            state.out_structure, state.in_structure), options
+
+    def conj(self, state, options: dict[str, Any]):
+        return _BandedState(jnp.conj(state.ab), state.l, state.u, state.in_structure,
+                            state.out_structure), options
+
+    def assume_full_rank(self) -> bool:
+        return True
+
+
+class _BandedState(eqx.Module):
+    """`Banded`'s state: the band in scipy's layout and what it takes to read it."""
+
+    ab: jax.Array
+    l: int = eqx.field(static=True)
+    u: int = eqx.field(static=True)
+    in_structure: jax.ShapeDtypeStruct = eqx.field(static=True)
+    out_structure: jax.ShapeDtypeStruct = eqx.field(static=True)
+
+
+def _vector_structures(operator: lx.AbstractLinearOperator):
+    """(in, out) structures of a square operator on 1-D vectors, or a ValueError saying why not."""
+    name = "tridiax.lineax.Banded"
+    in_structure, out_structure = operator.in_structure(), operator.out_structure()
+    for which, structure in (("input", in_structure), ("output", out_structure)):
+        if not isinstance(structure, jax.ShapeDtypeStruct) or len(structure.shape) != 1:
+            raise ValueError(
+                f"{name} needs an operator on 1-D vectors (a band is defined along one axis); "
+                f"its {which} structure is {structure}. Flatten the problem to one vector "
+                "first (e.g. jax.flatten_util.ravel_pytree), in an order that keeps the "
+                "matrix banded.")
+    if in_structure.shape != out_structure.shape:
+        raise ValueError(
+            f"{name} solves square systems; the operator maps {in_structure.shape[0]} values to "
+            f"{out_structure.shape[0]}.")
+    return in_structure, out_structure
+
+
+def _band_indices(n: int, l: int, u: int):
+    """For band row r and column j of scipy's layout: the matrix row i = j + r - u, clipped into
+    [0, n), and whether it is inside the matrix."""
+    k = l + u + 1
+    cols = jnp.arange(n)[None, :]
+    rows = cols + jnp.arange(k)[:, None] - u
+    return cols, jnp.clip(rows, 0, n - 1), (rows >= 0) & (rows < n)
+
+
+def band_from_operator(operator: lx.AbstractLinearOperator, l: int, u: int) -> jax.Array:
+    """scipy's band layout ab (l + u + 1, N), ab[u + i - j, j] = A[i, j], of a banded operator
+    on 1-D vectors: read directly from a matrix, else with l + u + 1 coloured products."""
+    in_structure, _ = _vector_structures(operator)
+    n, k = in_structure.shape[0], l + u + 1
+    cols, rows, inside = _band_indices(n, l, u)
+    if isinstance(operator, lx.MatrixLinearOperator):
+        values = operator.matrix[rows, cols]
+    else:
+        colours = min(k, n)  # colour c >= n has no column
+        seeds = (jnp.arange(n)[None, :] % k == jnp.arange(colours)[:, None]).astype(in_structure.dtype)
+        products = jax.vmap(operator.mv)(seeds)  # products[c, i] = A[i, j], j % k == c
+        values = products[cols % k, rows]
+    return jnp.where(inside, values, jnp.zeros((), values.dtype))
+
+
+def transpose_band(ab: jax.Array, l: int, u: int) -> jax.Array:
+    """The band of A^T (bandwidths (u, l)) from that of A (bandwidths (l, u)), scipy's layout:
+    A^T[i, j] = A[j, i] gives abT[r, j] = ab[l + u - r, j + r - l]."""
+    k, n = ab.shape
+    cols = jnp.arange(n)[None, :]
+    src_cols = cols + jnp.arange(k)[:, None] - l
+    inside = (src_cols >= 0) & (src_cols < n)
+    values = ab[::-1][jnp.arange(k)[:, None], jnp.clip(src_cols, 0, n - 1)]
+    return jnp.where(inside, values, jnp.zeros((), ab.dtype))

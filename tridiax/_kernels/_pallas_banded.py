@@ -24,8 +24,7 @@ are extra outputs that the launcher drops. `ab` (l + u + 1, Pa, Na, Qa) is passe
 read in place. Entries of `ab` outside the matrix are never used: an entry A[i, i + d] of the
 matrix solved is read only if row i and column i + d both lie in 0..N-1 (ab is read at a clipped
 index and the value replaced by 0 with a select otherwise), so a NaN there cannot leak, in either
-orientation. (When transposed, `_xla_banded.solve_pnq` checks only i, which lets a NaN in ab's
-bottom-right corner, ab[l + u, N - 1], leak into x; finite values there change nothing.)
+orientation, as in the XLA formulation.
 
 Tiles: `default_tiles` gives two systems per thread (64-system tiles, `Tiles.default`) while the
 window is small, and one system per thread (32-system tiles) for larger windows, so that
