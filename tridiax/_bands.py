@@ -144,11 +144,15 @@ def banded_matvec(ab: Array, x: Array, *, l: int, u: int, axis: int,
     not leak, and their cotangent is zero)."""
     n = x.shape[axis]
     ab = jnp.where(inside_band(n, l, u, axis, x.ndim), ab, 0)
+    # Split, not indexed: the transpose of a split is one concatenate, where that of ab[k]
+    # pads each band's cotangent to the whole stack and adds them (measured 3.5x slower for
+    # the cotangent of (5, 100, 1e5) bands).
+    rows = [r.reshape(r.shape[1:]) for r in jnp.split(ab, ab.shape[0], axis=0)]
     terms = []
     for k, s in enumerate(band_offsets(l, u)):
         if abs(s) >= n:  # a diagonal that lies outside an n x n matrix
             continue
-        band = broadcast_along(ab[k], axis, n)
+        band = broadcast_along(rows[k], axis, n)
         # A: (A x)[i] = sum_k ab[k, i - s] x[i - s];  A^T: (A^T x)[j] = sum_k ab[k, j] x[j + s].
         terms.append(shift(band * x, s, axis) if not transposed else band * shift(x, -s, axis))
     return functools.reduce(operator.add, terms)
