@@ -260,7 +260,7 @@ def banded_kernel(backend: str) -> Callable:
     if backend == "native":
         from ._kernels import _native
 
-        return getattr(_native, "banded_pnq", _xla_banded.solve_pnq)  # TODO(lead): native kernel
+        return _native.banded_pnq
     if backend in ("pallas_triton", "pallas_interpret"):
         from ._kernels import _pallas_banded
 

@@ -31,6 +31,8 @@ from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
 
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
+# Banded systems (TridiaxBandedCpu): a second translation unit of the same library.
+_BANDED_SOURCE = pathlib.Path(__file__).with_name("cpu_banded.cc")
 _LOG = logging.getLogger("tridiax")
 # FFI target names and the C++ symbols behind them.
 _TARGETS = {
@@ -40,6 +42,7 @@ _TARGETS = {
     "tridiax_factor_cpu": "TridiaxFactorCpu",
     "tridiax_recurrence_cpu": "TridiaxRecurrenceCpu",
     "tridiax_recurrence_ends_cpu": "TridiaxRecurrenceEndsCpu",
+    "tridiax_banded_cpu": "TridiaxBandedCpu",
 }
 
 
@@ -53,8 +56,16 @@ def _cpu_flags() -> str:
 
 def _compile(compiler: str, out: pathlib.Path) -> None:
     # -march=native: the library is cached per CPU (the key includes its feature flags).
-    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
-           "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", str(out), "-lpthread"]
+    # The two sources compile side by side (each takes a while), then link into one library.
+    flags = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
+    objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in (_SOURCE, _BANDED_SOURCE)]
+    jobs = [subprocess.Popen([*flags, "-c", str(source), "-o", str(obj)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for source, obj in zip((_SOURCE, _BANDED_SOURCE), objects)]
+    for job, (stdout, stderr) in [(job, job.communicate()) for job in jobs]:
+        if job.returncode:
+            raise subprocess.CalledProcessError(job.returncode, job.args, stdout, stderr)
+    cmd = [compiler, "-shared", *map(str, objects), "-o", str(out), "-lpthread"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
@@ -64,8 +75,8 @@ def _library_path() -> pathlib.Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     key = hashlib.sha256(
-        b"\0".join([_SOURCE.read_bytes(), jax.__version__.encode(), _cpu_flags().encode(),
-                    compiler.encode()])
+        b"\0".join([_SOURCE.read_bytes(), _BANDED_SOURCE.read_bytes(), jax.__version__.encode(),
+                    _cpu_flags().encode(), compiler.encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"
@@ -242,3 +253,27 @@ def recurrence_ends_pnq(a, x, *, reverse: bool, shifted: bool, chunk: int, tilin
     call = jax.ffi.ffi_call("tridiax_recurrence_ends_cpu", (out, out))
     return call(a, x, gate_operand, reverse=reverse, shifted=shifted, gate=slope,
                 chunk=np.int64(chunk), **_tile_attrs(tiling))
+
+
+_BANDED_KINDS = {"banded": 0, "banded_pivoted": 1, "banded_hermitian": 2}
+
+
+def banded_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype):
+    """Solve A x = b (A^T x = b when `transposed`) along axis 1 with the C++ banded kernel
+    (cpu_banded.cc), exactly as `_xla_banded.solve_pnq`: `ab` (l + u + 1, P|1, N|1, Q|1) in
+    scipy's band layout along axis 2 (a size-1 axis is broadcast, never copied), `b` (P, N, Q);
+    `kind` "banded", "banded_pivoted" or "banded_hermitian". Returns x, (P, N, Q) of
+    `out_dtype`; float16/bfloat16 are solved in float32 and rounded once."""
+    _require()
+    if kind not in _BANDED_KINDS:
+        raise ValueError(f"unknown banded kind {kind!r}; expected one of {tuple(_BANDED_KINDS)}")
+    l, u = int(l), int(u)
+    P, N, Q = b.shape
+    if l < 0 or u < 0 or ab.ndim != 4 or ab.shape[0] != l + u + 1 or any(
+            a not in (1, n) for a, n in zip(ab.shape[1:], (P, N, Q))):
+        raise ValueError(f"ab of shape {ab.shape} does not hold l + u + 1 = {l + u + 1} bands "
+                         f"broadcasting against b of shape {b.shape}")
+    (ab, b), cdt = _cast((ab, b), out_dtype)
+    call = jax.ffi.ffi_call("tridiax_banded_cpu", jax.ShapeDtypeStruct((P, N, Q), cdt))
+    return call(ab, b, l=np.int64(l), u=np.int64(u), kind=np.int64(_BANDED_KINDS[kind]),
+                transposed=bool(transposed)).astype(out_dtype)
