@@ -12,14 +12,18 @@
 //
 // Lanes and tiles, as in cpu_kernels.cc: a *lane* is one system (p, q); a *tile* is W lanes
 // eliminated together, vectorised over lanes, L lanes (one vector register) per *group*:
-//   lanes along Q (Q > 1): rows of the tile's lanes are contiguous, read and written in place;
-//   lanes along P (Q == 1, batch-first): each lane's rows are contiguous; blocks of 16 rows x W
-//   lanes are moved by 8x8 transposes into a small buffer per band, and x goes out the same way.
-// U's rows and y of a tile stay in a per-thread scratch of N x (kept + 1) x W values. For small
-// bandwidths (lo, up <= 3) the window's size is a template argument and, with one group per
-// tile, the window lives in vector registers; other bandwidths run the same code on a window in
-// the scratch. Complex systems, and tiles of a handful of lanes, run one lane per group.
-// Tiles are shared out over one std::thread per core.
+//   lanes along Q (Q > 1): the lanes of a row are contiguous, read and written in place, rows
+//   prefetched ahead (rows are Q values apart: no hardware prefetcher follows them);
+//   lanes along P (Q == 1, batch-first): each lane's rows are contiguous; chunks of 32 rows x W
+//   lanes of every band are moved by 8x8 transposes into a buffer (the next tile's rows
+//   prefetched meanwhile), and x goes out the same way.
+// A tile is one group of real lanes (16 float32 with AVX-512). U's rows and y of a tile stay in
+// a per-thread scratch of N x (kept + 1) x W values. Where both bandwidths are at most 2 the
+// window's size is a template argument (tri- and pentadiagonal windows; narrower bands run in
+// them as zeros that take no part) and the window lives in vector registers; wider bands run
+// with the window in the scratch, laid out so that it never moves (StepDynamic). Complex
+// systems, and a handful of lanes, run one lane at a time. Tiles are shared out over one
+// std::thread per core.
 
 #include <algorithm>
 #include <cmath>
@@ -335,9 +339,8 @@ template <typename T, typename Kernel>
 void RunTiles(const Kernel& kernel, int64_t work) {
   const int64_t tiles = kernel.tiles();
   if (tiles == 0) return;
-  static const int64_t limit = 1 << 20;
   const int64_t threads =
-      std::min<int64_t>({Cores(), limit, tiles, std::max<int64_t>(1, work / (1 << 16))});
+      std::min<int64_t>({Cores(), tiles, std::max<int64_t>(1, work / (1 << 16))});
   const int64_t bytes = kernel.scratch_size() * static_cast<int64_t>(sizeof(T)) + 64;
   auto run = [&](int64_t id) {
     // A small scratch is kept by the thread across calls; a large one allocated per call.
@@ -689,15 +692,10 @@ class Banded {
       auto fetch = [&](const T* at, int rw) __attribute__((always_inline)) {
         const char* c = reinterpret_cast<const char*>(at);
         for (int64_t b = 0; b < bytes; b += 64) {
-          static const int64_t hint = 3;
           if (rw) {
             __builtin_prefetch(c + b, 1, 3);
-          } else if (hint == 3) {
-            __builtin_prefetch(c + b, 0, 3);
-          } else if (hint == 2) {
-            __builtin_prefetch(c + b, 0, 2);
           } else {
-            __builtin_prefetch(c + b, 0, 1);
+            __builtin_prefetch(c + b, 0, 3);
           }
         }
       };
