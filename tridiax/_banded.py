@@ -14,9 +14,9 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from . import _backend, _bands, _dispatch
+from . import _backend, _bands
 from ._banded_primitive import banded_solve_p
-from ._check import BreakdownMessages, count_banded_failures, enforce, messages_for
+from ._check import BreakdownMessages, count_banded_failures, messages_for, run_checked
 from ._inputs import Plan, plan_of, read, x64_enabled
 
 _NAMES = ("ab (each band)", "b")
@@ -119,17 +119,7 @@ def solve(l_and_u, ab, b, *, axis: int = -1, pivoting: bool = False, check: bool
     None) with a backend override, for tests, operators and solvers."""
     values, signatures = read(("ab", "b"), (ab, b))
     args = (l_and_u, signatures, axis, pivoting, check, hermitian, backend, x64_enabled())
-    try:
-        call = _checked_call(*args)
-    except TypeError as err:  # an unhashable setting: check it uncached, for its message
-        if "unhashable" not in str(err):
-            raise
-        call = _checked_call.__wrapped__(*args)
-    out = _dispatch.run(_compute, call, *values)
-    if not check:
-        return out
-    x, count = out
-    return enforce(x, count, call.messages)
+    return run_checked(_checked_call, args, _compute, values, check)
 
 
 @dataclasses.dataclass(frozen=True)

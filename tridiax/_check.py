@@ -8,7 +8,7 @@ exceeds sqrt(eps) of the dtype: half the digits lost in the backward sense, whic
 solve (pivoted, or unpivoted on a diagonally dominant matrix) never comes near, and a zero or
 tiny pivot always does.
 
-How the error is raised depends on how the call runs (`enforce`):
+How the error is raised depends on how the call runs (`run_checked`):
 - eagerly (also under an eager jax.grad or jax.jvp, where the count carries no tangent), the
   count is a concrete number after the solve, and `BreakdownError` is raised directly from
   the call: a few lines of traceback, the count and what to do;
@@ -150,14 +150,29 @@ def messages_for(shape, axis: int, dtype, *, pivoting: bool, periodic: bool,
                              family)
 
 
-def enforce(x: Array, count: Array, messages: BreakdownMessages) -> Array:
-    """`x`, after raising `messages[count]` when count > 0: directly (`BreakdownError`) when
-    the count is concrete, through equinox at run time when it is traced (module docstring)."""
-    if _dispatch.is_traced(count):  # concrete under eager grad and jvp too: raise there
-        return _guard(x, count, messages)
+def run_checked(checked_call, args: tuple, compute, values: tuple, check: bool) -> Array:
+    """A public solve: `call = checked_call(*args)` (a cached function of hashable settings
+    and input signatures that raises for bad input and returns the computation's static part,
+    with its `messages`), then `compute(call, *values)` through `_dispatch.run`; with `check`,
+    compute returns (x, count), and a count > 0 raises `messages[count]`: directly
+    (`BreakdownError`, in this frame: the user's traceback stays short) when the count is
+    concrete, eagerly or under an eager grad or jvp; through equinox at run time when it is
+    traced (module docstring)."""
+    try:
+        call = checked_call(*args)
+    except TypeError as err:  # an unhashable setting: check it uncached, for its message
+        if "unhashable" not in str(err):
+            raise
+        call = checked_call.__wrapped__(*args)
+    out = _dispatch.run(compute, call, *values)
+    if not check:
+        return out
+    x, count = out
+    if _dispatch.is_traced(count):
+        return _guard(x, count, call.messages)
     failed = int(count)
     if failed:
-        raise BreakdownError(messages[failed])
+        raise BreakdownError(call.messages[failed])
     return x
 
 

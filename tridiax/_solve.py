@@ -8,8 +8,8 @@ import functools
 from jax import Array
 from jax.typing import ArrayLike
 
-from . import _backend, _dispatch
-from ._check import BreakdownMessages, count_failures, enforce, messages_for
+from . import _backend
+from ._check import BreakdownMessages, count_failures, messages_for, run_checked
 from ._inputs import Plan, conform, plan_of, read, x64_enabled
 from ._periodic import is_periodic
 from ._primitive import tridiagonal_solve_p
@@ -145,17 +145,7 @@ def solve(lower, diag, upper, rhs, *, axis: int = -1, backend: str | None = None
     (`_planner.py`); for tests and modules."""
     values, signatures = read(_NAMES, (lower, diag, upper, rhs))
     args = (signatures, axis, backend, periodic, block, pivoting, check, chunk, x64_enabled())
-    try:
-        call = _checked_call(*args)
-    except TypeError as err:  # an unhashable setting: check it uncached, for its message
-        if "unhashable" not in str(err):
-            raise
-        call = _checked_call.__wrapped__(*args)
-    out = _dispatch.run(_compute, call, *values)
-    if not check:
-        return out
-    x, count = out
-    return enforce(x, count, call.messages)
+    return run_checked(_checked_call, args, _compute, values, check)
 
 
 @dataclasses.dataclass(frozen=True)

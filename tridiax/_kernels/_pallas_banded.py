@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .._dtypes import compute_dtype
-from ._pallas_tiles import _TRITON, SYSTEMS_PER_PROGRAM, TileRows, Tiles
+from ._pallas_tiles import SYSTEMS_PER_PROGRAM, TileRows, Tiles
 from ._split_complex import SplitComplex, SplitRef, as_split, magnitude, real_dtype, select
 from ._xla_banded import KINDS
 
@@ -105,19 +105,7 @@ class _BandRows(TileRows):
         if ref.shape[2] == 1:
             i = 0
         i, k = jnp.asarray(i, int), jnp.asarray(k, int)  # masked loads want traced indices
-        mask = None
-        if self.masked:
-            full_p, full_q = ref.shape[1] > 1, ref.shape[3] > 1
-            mask = (self.p_ok & self.q_ok if full_p and full_q else self.p_ok if full_p
-                    else self.q_ok if full_q else None)
-        view = ref.at[k, :, i, :]
-        if mask is None:
-            value = view[...]
-        elif _TRITON is not None:
-            value = _TRITON.load(view, mask=mask)
-        else:
-            value = jnp.where(mask, view[...], 0)
-        return value.astype(self.dtype)
+        return self.read(ref.at[k, :, i, :], self.mask_for(ref.shape[1] > 1, ref.shape[3] > 1))
 
     def zero(self):
         z = jnp.zeros((self.bp, self.bq), self.dtype)

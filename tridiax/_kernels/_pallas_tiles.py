@@ -73,9 +73,13 @@ class TileRows:
         self.q_ok = (pl.program_id(1) * self.bq + lax.broadcasted_iota(jnp.int32, (1, self.bq), 1)) < Q
 
     def _mask(self, ref):
+        return self.mask_for(ref.shape[0] > 1, ref.shape[2] > 1)
+
+    def mask_for(self, full_p: bool, full_q: bool):
+        """The mask of an operand that is full (not broadcast) along P and/or Q; None where no
+        load can run past the arrays."""
         if not self.masked:
             return None
-        full_p, full_q = ref.shape[0] > 1, ref.shape[2] > 1
         if full_p and full_q:
             return self.p_ok & self.q_ok
         if full_p:
@@ -92,8 +96,10 @@ class TileRows:
         if ref.shape[1] == 1:
             i = 0
         i = jnp.asarray(i, int)  # masked loads want a traced index in interpret mode
-        mask = self._mask(ref)
-        view = ref.at[:, i, :]
+        return self.read(ref.at[:, i, :], self._mask(ref))
+
+    def read(self, view, mask):
+        """A (bp, bq) view's values in the compute dtype, masked (lanes outside: 0)."""
         if mask is None:
             value = view[...]
         elif _TRITON is not None:
