@@ -33,6 +33,7 @@ from .._layout import broadcast_shape
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
 # Banded systems (TridiaxBandedCpu): a second translation unit of the same library.
 _BANDED_SOURCE = pathlib.Path(__file__).with_name("cpu_banded.cc")
+_HEADER = pathlib.Path(__file__).with_name("cpu_common.h")  # included by both sources
 _LOG = logging.getLogger("tridiax")
 # FFI target names and the C++ symbols behind them.
 _TARGETS = {
@@ -75,8 +76,8 @@ def _library_path() -> pathlib.Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     key = hashlib.sha256(
-        b"\0".join([_SOURCE.read_bytes(), _BANDED_SOURCE.read_bytes(), jax.__version__.encode(),
-                    _cpu_flags().encode(), compiler.encode()])
+        b"\0".join([*(path.read_bytes() for path in (_SOURCE, _BANDED_SOURCE, _HEADER)),
+                    jax.__version__.encode(), _cpu_flags().encode(), compiler.encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"

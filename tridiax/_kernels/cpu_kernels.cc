@@ -73,56 +73,7 @@ Operand MakeOperand(const ffi::AnyBuffer& buf) {
   return MakeOperand(buf.untyped_data(), buf.dimensions());
 }
 
-// out[r][s] = in[s][r] for r, s < 8, where in[s] = in + s*in_stride and out[r] = out + r*out_stride
-// (strides in elements): 8 lanes' 8 consecutive rows become 8 rows of 8 lanes, or back. Pure
-// data movement, so it goes by element size.
-template <typename T>
-inline __attribute__((always_inline)) void Transpose8(const T* in, int64_t in_stride, T* out,
-                                                      int64_t out_stride) {
-#if defined(__AVX2__)
-  if constexpr (sizeof(T) == 4) {
-    const float* src = reinterpret_cast<const float*>(in);
-    float* dst = reinterpret_cast<float*>(out);
-    __m256 r[8], t[8], u[8];
-    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * in_stride);
-    for (int k = 0; k < 4; ++k) {
-      t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-      t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-    for (int k = 0; k < 2; ++k) {
-      u[4 * k + 0] = _mm256_shuffle_ps(t[4 * k + 0], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k + 0], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int k = 0; k < 4; ++k) {
-      _mm256_storeu_ps(dst + k * out_stride, _mm256_permute2f128_ps(u[k], u[k + 4], 0x20));
-      _mm256_storeu_ps(dst + (k + 4) * out_stride, _mm256_permute2f128_ps(u[k], u[k + 4], 0x31));
-    }
-    return;
-  } else if constexpr (sizeof(T) == 8) {
-    const double* src = reinterpret_cast<const double*>(in);
-    double* dst = reinterpret_cast<double*>(out);
-    for (int rb = 0; rb < 8; rb += 4) {
-      for (int sb = 0; sb < 8; sb += 4) {
-        __m256d r[4];
-        for (int k = 0; k < 4; ++k) r[k] = _mm256_loadu_pd(src + (sb + k) * in_stride + rb);
-        const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
-        const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
-        double* o = dst + rb * out_stride + sb;
-        _mm256_storeu_pd(o, _mm256_permute2f128_pd(t0, t2, 0x20));
-        _mm256_storeu_pd(o + out_stride, _mm256_permute2f128_pd(t1, t3, 0x20));
-        _mm256_storeu_pd(o + 2 * out_stride, _mm256_permute2f128_pd(t0, t2, 0x31));
-        _mm256_storeu_pd(o + 3 * out_stride, _mm256_permute2f128_pd(t1, t3, 0x31));
-      }
-    }
-    return;
-  }
-#endif
-  for (int r = 0; r < 8; ++r) {
-    for (int s = 0; s < 8; ++s) out[r * out_stride + s] = in[s * in_stride + r];
-  }
-}
+#include "cpu_common.h"
 
 // ---------------------------------------------------------------------------------------------
 // Geometry: which lanes a tile holds.
@@ -357,44 +308,6 @@ T Split(T d0, T alpha, T u0) {
   const R magnitude = std::abs(d0);
   const T direction = magnitude > R(0) ? d0 / magnitude : T(1);
   return -direction * size;
-}
-
-// The cores the kernels share their tiles over (read once: the call costs microseconds).
-int64_t Cores() {
-  static const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
-  return cores;
-}
-
-// Share a kernel's tiles out over one thread per core, when each gets enough work to pay for
-// starting it. Kernel: tiles(), scratch_size(), Run(begin, end, scratch).
-template <typename T, typename Kernel>
-void RunTiles(const Kernel& kernel, int64_t work) {
-  const int64_t tiles = kernel.tiles();
-  if (tiles == 0) return;
-  const int64_t threads =
-      std::min<int64_t>({Cores(), tiles, std::max<int64_t>(1, work / (1 << 16))});
-  auto run = [&](int64_t id) {
-    // A small scratch is kept by the thread across calls, so a small solve in a time loop
-    // pays no allocation; a large one is allocated uninitialised (every kernel writes its
-    // scratch before reading it) and freed after the call.
-    constexpr int64_t kKept = int64_t{1} << 16;
-    thread_local std::vector<T> kept;
-    std::unique_ptr<T[]> local;
-    T* scratch;
-    if (kernel.scratch_size() <= kKept) {
-      if (static_cast<int64_t>(kept.size()) < kernel.scratch_size()) kept.resize(kKept);
-      scratch = kept.data();
-    } else {
-      local.reset(new T[kernel.scratch_size()]);
-      scratch = local.get();
-    }
-    const int64_t begin = tiles * id / threads, end = tiles * (id + 1) / threads;
-    kernel.Run(begin, end, scratch);
-  };
-  std::vector<std::thread> pool;
-  for (int64_t id = 1; id < threads; ++id) pool.emplace_back(run, id);
-  run(0);
-  for (auto& th : pool) th.join();
 }
 
 // ---------------------------------------------------------------------------------------------
