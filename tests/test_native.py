@@ -10,8 +10,8 @@ CODE = ("import jax.numpy as jnp, tridiax; "
         "print(tridiax.solve_tridiagonal(jnp.ones(4), 4 * jnp.ones(4), jnp.ones(4), jnp.ones(4)))")
 
 
-def run(cache, code=CODE):
-    env = dict(os.environ, TRIDIAX_CACHE_DIR=str(cache), TRIDIAX_NATIVE="1")
+def run(cache, code=CODE, **extra):
+    env = dict(os.environ, TRIDIAX_CACHE_DIR=str(cache), TRIDIAX_NATIVE="1", **extra)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=600)
     assert result.returncode == 0, result.stderr
@@ -27,8 +27,17 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
     assert len(built) == 1 and str(built[0]) in notices[0], err
     assert "setLevel(logging.ERROR)" in notices[0]
     assert "building" not in run(tmp_path)  # cached: silent
-    # Silenced the way the notice says (a fresh cache, so it builds again).
+    # Silenced the way the notice says (a fresh cache, so it builds again). The compiler this
+    # time stands in for the real one (objects: empty files; the library: the one just built),
+    # so the second build costs no compile.
+    compiler = tmp_path / "compiler"
+    compiler.write_text(
+        "#!/bin/sh\n"
+        'out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\n'
+        f'case "$out" in *.so) cp "{built[0]}" "$out";; *) : > "$out";; esac\n')
+    compiler.chmod(0o755)
     fresh = tmp_path / "fresh"
     quiet = "import logging; logging.getLogger('tridiax').setLevel(logging.ERROR); " + CODE
-    assert "building" not in run(fresh, quiet)
+    assert "building" not in run(fresh, quiet, CXX=str(compiler))
     assert list(fresh.glob("cpu_kernels-*.so"))
+    assert "building the native CPU kernel" in run(tmp_path / "loud", CXX=str(compiler))
