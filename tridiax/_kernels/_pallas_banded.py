@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
 
 from .._dtypes import compute_dtype
-from ._pallas_tiles import SYSTEMS_PER_PROGRAM, TileRows, Tiles
+from ._pallas_tiles import SYSTEMS_PER_PROGRAM, TileRows, Tiles, launch
 from ._split_complex import SplitComplex, SplitRef, as_split, magnitude, real_dtype, select
 from ._xla_banded import KINDS
 
@@ -245,53 +243,8 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype,
     kept = kept_columns(l, u, kind, transposed)
     tiles = tiles or default_tiles(P, Q, l=l, u=u, kind=kind, transposed=transposed,
                                    dtype=cdt)
-    outs = [out_dtype] + [cdt] * kept + ([cdt] if half else [])
+    outs = [(N, d) for d in [out_dtype] + [cdt] * kept + ([cdt] if half else [])]
     kernel = functools.partial(_kernel, n=N, l=l, u=u, kind=kind, transposed=transposed,
-                               half=half, tiles=tiles, P=P, Q=Q, cdt=np.dtype(cdt))
-    return _launch(kernel, (ab, b), outs, P=P, N=N, Q=Q, tiles=tiles, interpret=interpret,
-                   compiler_params=compiler_params)[0]
-
-
-def _launch(kernel, operands, out_dtypes, *, P, N, Q, tiles, interpret, compiler_params):
-    """pallas_call over (bp, bq) tiles of (P, ·, Q), as `_pallas_tiles.launch`, for 3-D
-    (P|1, N|1, Q|1) and 4-D (K, P|1, N|1, Q|1) operands; outputs are (P, N, Q). Complex
-    operands and outputs travel as their real and imaginary parts (a `SplitRef` in the kernel).
-    """
-    bp, bq = tiles.bp, tiles.bq
-    split_in = [jnp.iscomplexobj(x) for x in operands]
-    split_out = [jnp.issubdtype(d, jnp.complexfloating) for d in out_dtypes]
-    parts = [p for x in operands for p in ((x.real, x.imag) if jnp.iscomplexobj(x) else (x,))]
-    out_parts = [jax.ShapeDtypeStruct((P, N, Q), d) for dtype in out_dtypes
-                 for d in ((real_dtype(dtype),) * 2 if jnp.issubdtype(dtype, jnp.complexfloating)
-                           else (dtype,))]
-
-    def spec(shape):
-        *lead, p, n, q = shape
-        full_p, full_q = p > 1, q > 1
-        block = (*lead, bp if full_p else 1, n, bq if full_q else 1)
-        zeros = (0,) * len(lead)
-        return pl.BlockSpec(block, lambda i, j: (*zeros, i if full_p else 0, 0,
-                                                 j if full_q else 0))
-
-    def body(*refs):
-        grouped, k = [], 0
-        for split in split_in + split_out:
-            grouped.append(SplitRef(refs[k], refs[k + 1]) if split else refs[k])
-            k += 2 if split else 1
-        kernel(*grouped)
-
-    outs = pl.pallas_call(
-        body,
-        out_shape=tuple(out_parts),
-        grid=(pl.cdiv(P, bp), pl.cdiv(Q, bq)),
-        in_specs=[spec(x.shape) for x in parts],
-        out_specs=tuple(spec(s.shape) for s in out_parts),
-        interpret=interpret,
-        compiler_params=compiler_params(tiles) if compiler_params else None,
-        name="tridiax_banded",
-    )(*parts)
-    results, k = [], 0
-    for split in split_out:
-        results.append(lax.complex(outs[k], outs[k + 1]) if split else outs[k])
-        k += 2 if split else 1
-    return results
+                               half=half, cdt=np.dtype(cdt))
+    return launch(kernel, (ab, b), outs, name="tridiax_banded", interpret=interpret,
+                  tiles=tiles, compiler_params=compiler_params)[0]

@@ -13,11 +13,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import _jax_private
-from .._layout import broadcast_shape
 from ._split_complex import SplitComplex, SplitRef, as_split, real_dtype
 
 # Masked loads and stores (None where this JAX has no Triton backend: then only interpret
@@ -134,11 +134,13 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
            compiler_params=None):
     """pallas_call `kernel(*operand_refs, *out_refs, tiles=...)` over tiles of (P, ·, Q).
 
-    `out_shapes` are (rows, dtype) pairs; every output is (P, rows, Q). `compiler_params`, if
-    given, maps the tiles to the backend's CompilerParams. Complex operands and outputs travel
-    as their real and imaginary parts, and the kernel sees a `SplitRef` for each.
+    Operands are (P|1, ·, Q|1), or have leading dimensions before those three (the band stack
+    of a banded solve), which every tile takes whole. `out_shapes` are (rows, dtype) pairs;
+    every output is (P, rows, Q). `compiler_params`, if given, maps the tiles to the backend's
+    CompilerParams. Complex operands and outputs travel as their real and imaginary parts, and
+    the kernel sees a `SplitRef` for each.
     """
-    P, _, Q = broadcast_shape(*operands)
+    P, _, Q = np.broadcast_shapes(*(x.shape[-3:] for x in operands))
     tiles = tiles or Tiles.default(P, Q)
     is_complex = [jnp.iscomplexobj(x) for x in operands] + [
         jnp.issubdtype(dtype, jnp.complexfloating) for _, dtype in out_shapes]
@@ -164,13 +166,16 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
 
 
 def _launch_real(kernel, operands, out_shapes, *, name, interpret, tiles, compiler_params):
-    P, _, Q = broadcast_shape(*operands)
+    P, _, Q = np.broadcast_shapes(*(x.shape[-3:] for x in operands))
     bp, bq = tiles.bp, tiles.bq
 
     def spec(shape):
-        full_p, full_q = shape[0] > 1, shape[2] > 1
-        block = (bp if full_p else 1, shape[1], bq if full_q else 1)
-        return pl.BlockSpec(block, lambda i, j: (i if full_p else 0, 0, j if full_q else 0))
+        *lead, p, n, q = shape
+        full_p, full_q = p > 1, q > 1
+        block = (*lead, bp if full_p else 1, n, bq if full_q else 1)
+        zeros = (0,) * len(lead)
+        return pl.BlockSpec(block, lambda i, j: (*zeros, i if full_p else 0, 0,
+                                                 j if full_q else 0))
 
     shapes = [jax.ShapeDtypeStruct((P, rows, Q), dtype) for rows, dtype in out_shapes]
     return pl.pallas_call(
