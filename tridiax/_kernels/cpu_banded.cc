@@ -61,6 +61,8 @@ constexpr int kVectorBytes = 32;
 constexpr int kVectorBytes = 16;
 #endif
 
+#include "cpu_common.h"
+
 // ---------------------------------------------------------------------------------------------
 // Lane arithmetic: a vector of L real lanes (VectorOps) or one lane of any type (ScalarOps).
 // The elimination is written once against these.
@@ -165,13 +167,7 @@ struct ScalarOps {
   static V One() { return T(1); }
   static V Load(const T* p, int) { return *p; }
   static void Store(T* p, V v, int) { *p = v; }
-  static Mag Abs(T x) {
-    if constexpr (std::is_same_v<T, R>) {
-      return std::abs(x);
-    } else {
-      return std::abs(x.real()) + std::abs(x.imag());  // |Re| + |Im|, as LAPACK's cabs1
-    }
-  }
+  static Mag Abs(T x) { return Magnitude(x); }
   static Bits Greater(Mag a, Mag b) { return a > b || (std::isnan(a) && !std::isnan(b)); }
   template <typename U>
   static U Select(Bits m, U a, U b) { return m ? a : b; }
@@ -184,8 +180,6 @@ struct ScalarOps {
 
 // ---------------------------------------------------------------------------------------------
 // Reading and writing the rows of a tile's lanes (as cpu_kernels.cc's RowReader, StoreRows).
-
-#include "cpu_common.h"
 
 // One operand (a band of ab, or b) as a tile sees it: the element of lane s at row `pos` is
 // base[s * lane + pos * row]. lane 1: the lanes are contiguous (read in place); lane 0: one

@@ -1,7 +1,14 @@
-// Pieces shared by tridiax's two native CPU sources (cpu_kernels.cc, cpu_banded.cc): the 8x8
-// transpose that moves the rows of strided lanes, and the thread pool that shares a kernel's
-// tiles out over the cores. Included inside each source's anonymous namespace, after the
+// Pieces shared by tridiax's two native CPU sources (cpu_kernels.cc, cpu_banded.cc): the pivot
+// magnitude, the 8x8 transpose that moves the rows of strided lanes, and the thread pool that
+// shares a kernel's tiles out over the cores. Included inside each source's anonymous namespace, after the
 // standard headers and <immintrin.h>: each translation unit keeps its own copy.
+
+// The size LAPACK's gtsv and gbtrf compare to choose a pivot: |x| for real x, |Re x| + |Im x| (cabs1)
+// for complex x, which needs no square root.
+template <typename T>
+T Magnitude(T x) { return std::abs(x); }
+template <typename R>
+R Magnitude(std::complex<R> x) { return std::abs(x.real()) + std::abs(x.imag()); }
 
 // out[r][s] = in[s][r] for r, s < 8, where in[s] = in + s*in_stride and out[r] = out + r*out_stride
 // (strides in elements): 8 lanes' 8 consecutive rows become 8 rows of 8 lanes, or back. Pure

@@ -291,13 +291,6 @@ inline U GateSlope(U g, U one, U zero) {
   return one;
 }
 
-// The size LAPACK's gtsv compares to choose a pivot: |x| for real x, |Re x| + |Im x| (cabs1)
-// for complex x, which needs no square root.
-template <typename T>
-T Magnitude(T x) { return std::abs(x); }
-template <typename R>
-R Magnitude(std::complex<R> x) { return std::abs(x.real()) + std::abs(x.imag()); }
-
 // The Sherman-Morrison split of a periodic system (tridiax/_periodic.py, `split`): gamma =
 // -sign(d0) * max(|d0|, |alpha|, |u0|) from row 0 of A, sign(0) = 1, so that row 0 of T' is
 // diagonally dominant and |alpha*beta/gamma| <= |beta|.
