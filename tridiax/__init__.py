@@ -4,7 +4,8 @@ Kernels along any axis of a batched array, gradients by implicit differentiation
 against SciPy (`tridiax.verify`). `tridiax.lineax` (lineax interop) is imported on first use.
 
 Solves: `solve_tridiagonal`, `solve_periodic_tridiagonal`, `solve_banded`, `solveh_banded`
-(scipy's banded layout); operators `Banded`, `BandedFactorization`, and solvers (Equinox
+(scipy's banded layout), `solve_block_tridiagonal`, `solveh_block_tridiagonal`; operators
+`Banded`, `BandedFactorization`, `BlockTridiagonal`, `BlockTridiagonalFactorization`, and solvers (Equinox
 modules): `Tridiagonal`, `TDMA`, `TridiagonalFactorization`; recurrences: `linear_recurrence`,
 `indrnn`, `LinearRecurrence`, `IndRNN`; `BreakdownError` is what `check=True` raises.
 How `axis` and shapes are read, for all of them: README, "Shapes and axis".
@@ -18,6 +19,10 @@ from ._banded import solve_banded as solve_banded
 from ._banded import solveh_banded as solveh_banded
 from ._banded_operator import Banded as Banded
 from ._banded_operator import BandedFactorization as BandedFactorization
+from ._block import solve_block_tridiagonal as solve_block_tridiagonal
+from ._block import solveh_block_tridiagonal as solveh_block_tridiagonal
+from ._block_operator import BlockTridiagonal as BlockTridiagonal
+from ._block_operator import BlockTridiagonalFactorization as BlockTridiagonalFactorization
 from ._check import BreakdownError as BreakdownError
 from ._factorization import TridiagonalFactorization as TridiagonalFactorization
 from ._modules import IndRNN as IndRNN
@@ -34,6 +39,8 @@ __version__ = importlib.metadata.version("tridiax")
 __all__ = [
     "Banded",
     "BandedFactorization",
+    "BlockTridiagonal",
+    "BlockTridiagonalFactorization",
     "BreakdownError",
     "IndRNN",
     "LinearRecurrence",
@@ -43,9 +50,11 @@ __all__ = [
     "indrnn",
     "linear_recurrence",
     "solve_banded",
+    "solve_block_tridiagonal",
     "solve_periodic_tridiagonal",
     "solve_tridiagonal",
     "solveh_banded",
+    "solveh_block_tridiagonal",
     "verify",
 ]
 

@@ -270,3 +270,25 @@ def banded_kernel(backend: str) -> Callable:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}")
     return _xla_banded.solve_pnq
+
+
+def block_kernel(backend: str) -> Callable:
+    """`backend`'s block-tridiagonal solve over (P|1, N|1, Q|1, k, k) blocks and a (P, N, Q,
+    k, m) right-hand side: `kernel(lower, diag, upper, b, *, kind, transposed, out_dtype)`
+    (`_kernels/_xla_block.py` states the algorithm every backend runs). Mosaic GPU has no
+    block kernel and runs XLA's."""
+    from ._kernels import _xla_block
+
+    if backend == "native":
+        from ._kernels import _native
+
+        return _native.block_pnq
+    if backend in ("pallas_triton", "pallas_interpret"):
+        from ._kernels import _pallas_block
+
+        options = ({"interpret": True} if backend == "pallas_interpret"
+                   else {"compiler_params": _triton_params})
+        return functools.partial(_pallas_block.solve_pnq, **options)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}")
+    return _xla_block.solve_pnq

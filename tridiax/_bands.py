@@ -165,3 +165,40 @@ def banded_row_sums(ab: Array, shape, *, l: int, u: int, axis: int) -> Array:
     terms = [shift(jnp.broadcast_to(ab[k], shape), s, axis)
              for k, s in enumerate(band_offsets(l, u)) if abs(s) < n]
     return functools.reduce(operator.add, terms)
+
+
+def block_matvec(lower: Array | None, diag: Array | None, upper: Array | None, x: Array, *,
+                 axis: int, transposed: bool = False) -> Array:
+    """A @ x (or A^T @ x, the plain transpose) along `axis` for the block-tridiagonal A with
+    blocks (..., k, k) (None: zero) and x (..., k, m), all of one rank; `axis` counts in the
+    dimensions before the two block dimensions: (A x)[i] = lower[i] x[i-1] + diag[i] x[i] +
+    upper[i] x[i+1]. lower[0] and upper[N-1] are never used (selected away: no NaN leaks, and
+    their cotangent is zero)."""
+    n = x.shape[axis]
+    rows = jnp.arange(n).reshape([n if d == axis else 1 for d in range(x.ndim)])
+    if n == 1:
+        lower = upper = None
+    if lower is not None:
+        lower = jnp.where(rows > 0, lower, 0)
+    if upper is not None:
+        upper = jnp.where(rows < n - 1, upper, 0)
+    terms = []
+    if transposed:
+        # (A^T x)[i] = upper[i-1]^T x[i-1] + diag[i]^T x[i] + lower[i+1]^T x[i+1]
+        t = functools.partial(jnp.swapaxes, axis1=-1, axis2=-2)
+        if diag is not None:
+            terms.append(jnp.matmul(t(diag), x))
+        if upper is not None:
+            terms.append(shift(jnp.matmul(t(upper), x), 1, axis))
+        if lower is not None:
+            terms.append(shift(jnp.matmul(t(lower), x), -1, axis))
+    else:
+        if diag is not None:
+            terms.append(jnp.matmul(diag, x))
+        if lower is not None:
+            terms.append(jnp.matmul(lower, shift(x, 1, axis)))
+        if upper is not None:
+            terms.append(jnp.matmul(upper, shift(x, -1, axis)))
+    if not terms:
+        return jnp.zeros_like(x)
+    return functools.reduce(operator.add, terms)

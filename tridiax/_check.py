@@ -51,7 +51,9 @@ class BreakdownMessages(Sequence):
     tolerance: float
     pivoting: bool
     periodic: bool = False
-    family: str = "tridiagonal"  # or "banded", or "hermitian banded" (solveh_banded)
+    # or "banded", "hermitian banded" (solveh_banded), "block-tridiagonal" or "hermitian
+    # block-tridiagonal" (solveh_block_tridiagonal)
+    family: str = "tridiagonal"
 
     def __len__(self) -> int:
         return self.total + 1
@@ -68,6 +70,26 @@ class BreakdownMessages(Sequence):
                 "whose pivots are not all positive: those matrices are not Hermitian positive "
                 "definite at this precision (or their inputs hold inf/NaN). Use "
                 "tridiax.solve_banded (partial pivoting) for indefinite matrices.")
+        if self.family == "hermitian block-tridiagonal":
+            return head + (
+                "solveh_block_tridiagonal eliminates without pivoting and refuses (NaN) a "
+                "matrix with a pivot that is not positive: those matrices are not Hermitian "
+                "positive definite at this precision (or their inputs hold inf/NaN). Use "
+                "tridiax.solve_block_tridiagonal (pivoting inside the blocks) for indefinite "
+                "matrices.")
+        if self.family == "block-tridiagonal":
+            if self.pivoting:
+                return head + (
+                    "The solve pivoted inside each diagonal block but not across block rows, so "
+                    "those matrices are singular or nearly singular at this precision, or one "
+                    "of their Schur complements is (although the matrix may not be: solve "
+                    "those with tridiax.solve_banded and bandwidths (2k - 1, 2k - 1), which "
+                    "pivots across rows), or their inputs hold inf/NaN.")
+            return head + (
+                "Without pivoting a zero or tiny pivot inside a diagonal block breaks the "
+                "elimination; it is safe for block diagonally dominant or Hermitian positive "
+                "definite matrices. Pass pivoting=True (partial pivoting inside the blocks); if "
+                "the inputs hold inf/NaN, fix those.")
         if self.family == "banded":
             if self.pivoting:
                 return head + (
@@ -115,6 +137,27 @@ def count_banded_failures(x: Array, ab: Array, rhs: Array, *, l: int, u: int, ax
     residual = rhs - _bands.banded_matvec(ab, x, l=l, u=u, axis=axis)
     return _count(x, rhs, residual, _bands.banded_row_sums(ab, x.shape, l=l, u=u, axis=axis),
                   axis=axis)
+
+
+def count_block_failures(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array, *,
+                         axis: int) -> Array:
+    """`count_failures` for block-tridiagonal systems: blocks (..., k, k), x and rhs (..., k,
+    m); the m columns of one system count together."""
+    lower, diag, upper, rhs, x = _uncounted(lower, diag, upper, rhs, x)
+    residual = rhs - _bands.block_matvec(lower, diag, upper, x, axis=axis)
+    n = x.shape[axis]
+    rows = jnp.arange(n).reshape([n if d == axis else 1 for d in range(x.ndim)])
+    row_sums = (jnp.abs(jnp.where(rows > 0, lower, 0)) + jnp.abs(diag)
+                + jnp.abs(jnp.where(rows < n - 1, upper, 0))).sum(-1)  # (..., k)
+
+    def largest(v, dims):  # max |v| over the block dimensions (NaN and inf stay)
+        return jnp.max(jnp.abs(v), axis=dims)
+
+    shape = x.shape[:-2]
+    x_, r_, b_, a_ = (jnp.broadcast_to(v, shape) for v in (
+        largest(x, (-2, -1)), largest(residual, (-2, -1)), largest(rhs, (-2, -1)),
+        largest(row_sums, -1)))
+    return _count(x_, b_, r_, a_, axis=axis)
 
 
 def _uncounted(*arrays):

@@ -26,6 +26,21 @@ y0 = jnp.linspace(0.0, 1.0, 8)
 op = lx.JacobianLinearOperator(lambda y, args: f(y).at[:2].set(y[:2]).at[-2:].set(y[-2:]), y0)
 x = lx.linear_solve(op, jnp.ones(8), solver=tridiax.lineax.Banded(2, 2)).value
 ```
+
+`tridiax.lineax.BlockTridiagonalLinearOperator(lower, diag, upper)` is a lineax operator on
+vectors of N k values (N block rows of k x k blocks, block row after block row), and
+`tridiax.lineax.BlockTDMA()` solves it with `tridiax.solve_block_tridiagonal`; with `k=` given,
+`BlockTDMA(k=...)` also solves any other lineax operator on 1-D vectors whose matrix is block
+tridiagonal (a Jacobian of coupled species in diffrax or optimistix: its blocks are read with
+4k - 1 products):
+
+```python
+import jax.numpy as jnp, lineax as lx, tridiax
+n, k = 16, 2
+off, diag = jnp.broadcast_to(-jnp.eye(k), (n, k, k)), jnp.broadcast_to(4 * jnp.eye(k), (n, k, k))
+op = tridiax.lineax.BlockTridiagonalLinearOperator(off, diag, off)
+x = lx.linear_solve(op, jnp.ones(n * k), solver=tridiax.lineax.BlockTDMA()).value  # (32,)
+```
 """
 
 from __future__ import annotations
@@ -45,11 +60,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "(or install tridiax with the extra: pip install \".[lineax]\")."
     ) from err
 
-from . import _backend
+from . import _backend, _bands
 from ._banded import solve_banded
+from ._block import solve_block_tridiagonal
 from ._solve import solve
 
-__all__ = ["Banded", "TDMA"]
+__all__ = ["Banded", "BlockTDMA", "BlockTridiagonalLinearOperator", "TDMA"]
 
 
 class TDMA(lx.AbstractLinearSolver):
@@ -279,3 +295,160 @@ def transpose_band(ab: jax.Array, l: int, u: int) -> jax.Array:
     inside = (src_cols >= 0) & (src_cols < n)
     values = ab[::-1][jnp.arange(k)[:, None], jnp.clip(src_cols, 0, n - 1)]
     return jnp.where(inside, values, jnp.zeros((), ab.dtype))
+
+
+class BlockTridiagonalLinearOperator(lx.AbstractLinearOperator):
+    """A block-tridiagonal matrix with k x k blocks as a lineax operator on vectors of N k values
+    (x[i k + r] is entry r of block row i).
+
+    `lower`, `diag`, `upper`: shape `(N, k, k)`; block row i of the matrix is `lower[i]`,
+    `diag[i]`, `upper[i]` (lower[0] and upper[N-1] ignored), as in
+    `tridiax.solve_block_tridiagonal`. Solve it with `tridiax.lineax.BlockTDMA()` (any lineax
+    solver that materialises works too); batch with `jax.vmap`.
+    """
+
+    lower: jax.Array
+    diag: jax.Array
+    upper: jax.Array
+
+    def __check_init__(self):
+        shapes = [jnp.shape(b) for b in (self.lower, self.diag, self.upper)]
+        if len(set(shapes)) != 1 or len(shapes[0]) != 3 or shapes[0][1] != shapes[0][2]:
+            raise ValueError(
+                "BlockTridiagonalLinearOperator takes lower, diag and upper of one shape (N, k, "
+                f"k); got {', '.join(map(str, shapes))}.")
+
+    def _blocks(self):
+        n = self.diag.shape[0]
+        rows = jnp.arange(n)[:, None, None]
+        return (jnp.where(rows > 0, self.lower, 0), self.diag,
+                jnp.where(rows < n - 1, self.upper, 0))
+
+    def mv(self, vector):
+        n, k = self.diag.shape[:2]
+        x = vector.reshape(n, k, 1)
+        dtype = jnp.result_type(self.diag, x)
+        return _bands.block_matvec(*(b.astype(dtype) for b in self._blocks()), x.astype(dtype),
+                                   axis=0).reshape(n * k)
+
+    def as_matrix(self):
+        from ._block_operator import BlockTridiagonal
+
+        return BlockTridiagonal(*self._blocks(), axis=0).as_matrix()
+
+    def transpose(self):
+        t = lambda b: jnp.swapaxes(b, -1, -2)  # noqa: E731
+        lower, diag, upper = self._blocks()
+        zero = jnp.zeros_like(diag[:1])
+        return BlockTridiagonalLinearOperator(jnp.concatenate([zero, t(upper)[:-1]]), t(diag),
+                                              jnp.concatenate([t(lower)[1:], zero]))
+
+    def in_structure(self):
+        n, k = self.diag.shape[:2]
+        return jax.ShapeDtypeStruct((n * k,), self.diag.dtype)
+
+    def out_structure(self):
+        return self.in_structure()
+
+
+def _register_block_operator():
+    cls = BlockTridiagonalLinearOperator
+    for fn in (lx.linearise, lx.materialise):
+        fn.register(cls)(lambda operator: operator)
+    for fn in (lx.is_symmetric, lx.is_diagonal, lx.is_lower_triangular, lx.is_upper_triangular,
+               lx.is_positive_semidefinite, lx.is_negative_semidefinite, lx.has_unit_diagonal):
+        fn.register(cls)(lambda operator: False)
+    lx.is_tridiagonal.register(cls)(lambda operator: operator.diag.shape[-1] == 1)
+    lx.diagonal.register(cls)(lambda operator: jnp.diagonal(operator.diag, axis1=-2,
+                                                            axis2=-1).reshape(-1))
+
+    @lx.tridiagonal.register(cls)
+    def _(operator):
+        matrix = operator.as_matrix()
+        return (jnp.diagonal(matrix), jnp.diagonal(matrix, -1), jnp.diagonal(matrix, 1))
+
+    @lx.conj.register(cls)
+    def _(operator):
+        return cls(*(jnp.conj(b) for b in (operator.lower, operator.diag, operator.upper)))
+
+
+_register_block_operator()
+
+
+class BlockTDMA(lx.AbstractLinearSolver):
+    """Block Thomas (`tridiax.solve_block_tridiagonal`) as a lineax solver.
+
+    For a `BlockTridiagonalLinearOperator` the blocks are used as they are. With `k` given, any
+    square lineax operator on 1-D vectors of N k values whose matrix is block tridiagonal (a
+    `JacobianLinearOperator`, `MatrixLinearOperator`, ...) is read as bandwidths (2k - 1,
+    2k - 1) with 4k - 1 products (`Banded`'s colouring) and solved the same way; entries
+    outside the block-tridiagonal pattern are not checked.
+
+    **Fields** (static): `k` (None: the operator must be a `BlockTridiagonalLinearOperator`),
+    `pivoting` (default True: partial pivoting inside each diagonal block), `check` (as in
+    `tridiax.solve_block_tridiagonal`).
+
+    A non-finite solution is reported as `lineax.RESULTS.singular`. Transposed solves (reverse
+    mode) solve with the transposed blocks; gradients w.r.t. the operator come from lineax's
+    implicit differentiation.
+    """
+
+    k: int | None = eqx.field(static=True, default=None)
+    pivoting: bool = eqx.field(static=True, default=True)
+    check: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int)
+                                   or self.k < 1):
+            raise ValueError(f"tridiax.lineax.BlockTDMA(k=...) must be None or a positive "
+                             f"integer (the block size), got {self.k!r}.")
+
+    def init(self, operator: lx.AbstractLinearOperator, options: dict[str, Any]):
+        del options
+        if isinstance(operator, BlockTridiagonalLinearOperator):
+            return operator
+        if self.k is None:
+            raise ValueError(
+                "tridiax.lineax.BlockTDMA() without k solves BlockTridiagonalLinearOperator; for "
+                f"a {type(operator).__name__}, give the block size: BlockTDMA(k=...).")
+        in_structure, _ = _vector_structures(operator)
+        k = self.k
+        if in_structure.shape[0] % k:
+            raise ValueError(f"the operator acts on {in_structure.shape[0]} values, not a "
+                             f"multiple of the block size k = {k}.")
+        return blocks_from_band(band_from_operator(operator, 2 * k - 1, 2 * k - 1), k)
+
+    def compute(self, state, vector, options: dict[str, Any]):
+        del options
+        n, k = state.diag.shape[:2]
+        x = solve_block_tridiagonal(state.lower, state.diag, state.upper, vector.reshape(n, k),
+                                    pivoting=self.pivoting, check=self.check).reshape(n * k)
+        result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful,
+                                  lx.RESULTS.singular)
+        return x.astype(jnp.result_type(vector, state.diag)), result, {}
+
+    def transpose(self, state, options: dict[str, Any]):
+        return state.transpose(), options
+
+    def conj(self, state, options: dict[str, Any]):
+        return lx.conj(state), options
+
+    def assume_full_rank(self) -> bool:
+        return True
+
+
+def blocks_from_band(ab: jax.Array, k: int) -> BlockTridiagonalLinearOperator:
+    """The blocks of the block-tridiagonal matrix whose band (bandwidths (2k - 1, 2k - 1),
+    scipy's layout ab[w + i - j, j] = A[i, j]) is `ab`."""
+    w = 2 * k - 1
+    n = ab.shape[1] // k
+    rows, cols = jnp.arange(k)[:, None], jnp.arange(k)[None, :]
+    block_rows = jnp.arange(n)[:, None, None]
+
+    def block(offset):  # A[i k + r, (i + offset) k + c] for every block row i
+        column = (block_rows + offset) * k + cols
+        inside = (column >= 0) & (column < n * k)
+        values = ab[w - offset * k + rows - cols, jnp.clip(column, 0, n * k - 1)]
+        return jnp.where(inside, values, 0)
+
+    return BlockTridiagonalLinearOperator(block(-1), block(0), block(1))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-__all__ = ["reference_solve", "reference_solve_banded", "relative_residual"]
+__all__ = ["reference_solve", "reference_solve_banded", "reference_solve_block_tridiagonal",
+           "relative_residual"]
 
 
 def _systems(arrays, axis: int):
@@ -156,3 +157,70 @@ def reference_solve_banded(l_and_u, ab, b, *, axis: int = -1, hermitian: bool = 
             x[s] = np.nan
     moved = x.reshape(tuple(np.delete(shape, axis)) + (shape[axis],))
     return np.moveaxis(moved, -1, axis)
+
+
+def reference_solve_block_tridiagonal(lower, diag, upper, rhs, *, axis: int = -1,
+                                      method: str = "dense") -> np.ndarray:
+    """Solve every block-tridiagonal system by assembling it: densely with `scipy.linalg.solve`
+    (LAPACK gesv, partial pivoting across the whole matrix; `method="dense"`), or as a banded
+    matrix with bandwidths (2k - 1, 2k - 1) with `scipy.linalg.solve_banded` (`method=
+    "banded"`).
+
+    Same conventions as `tridiax.solve_block_tridiagonal`: blocks (..., N, ..., k, k) with
+    `axis` counted in the dimensions before the two block dimensions; block row i reads
+    lower[i] x[i-1] + diag[i] x[i] + upper[i] x[i+1] = rhs[i], lower[0] and upper[N-1]
+    ignored. `rhs` is read as (..., k) vectors when it has fewer dimensions than the blocks
+    or its second-to-last size is not k, and as (..., k, m) matrices otherwise (tridiax's own
+    rule differs only for shapes it would refuse or read by the blocks' rank). A singular
+    system is NaN in the result.
+
+    **Returns:** a NumPy array of the broadcast shape, in float64 (complex128 for complex input).
+    """
+    if method not in ("dense", "banded"):
+        raise ValueError(f"method must be 'dense' or 'banded', got {method!r}")
+    blocks = [np.asarray(v) for v in (lower, diag, upper)]
+    b = np.asarray(rhs)
+    k = blocks[1].shape[-1]
+    rank = max(v.ndim for v in blocks)
+    vectors = b.ndim < rank or b.ndim < 2 or b.shape[-2] != k
+    if vectors:
+        b = b[..., None]
+    dtype = np.result_type(*blocks, b, np.float64)
+    systems = np.broadcast_shapes(*(v.shape[:-2] for v in (*blocks, b)))
+    axis = axis % len(systems)
+    m = b.shape[-1]
+
+    def flat(v, tail):  # (S, N, *tail): the systems flattened, the rows next
+        v = np.broadcast_to(v, systems + tail).astype(dtype)
+        v = np.moveaxis(v, axis, len(systems) - 1)
+        return v.reshape((-1, systems[axis]) + tail)
+
+    lo, di, up = (flat(v, (k, k)) for v in blocks)
+    bs = flat(b, (k, m))
+    n = systems[axis]
+    x = np.empty_like(bs)
+    for s in range(bs.shape[0]):
+        a = np.zeros((n * k, n * k), dtype)
+        for i in range(n):
+            a[i * k:(i + 1) * k, i * k:(i + 1) * k] = di[s, i]
+            if i > 0:
+                a[i * k:(i + 1) * k, (i - 1) * k:i * k] = lo[s, i]
+            if i < n - 1:
+                a[i * k:(i + 1) * k, (i + 1) * k:(i + 2) * k] = up[s, i]
+        rhs_s = bs[s].reshape(n * k, m)
+        try:
+            if method == "dense":
+                solution = scipy.linalg.solve(a, rhs_s)
+            else:
+                w = 2 * k - 1
+                ab = np.zeros((2 * w + 1, n * k), dtype)
+                for d in range(-w, w + 1):  # ab[w + i - j, j] = A[i, j], d = i - j
+                    j = np.arange(max(0, -d), min(n * k, n * k - d))
+                    ab[w + d, j] = a[j + d, j]
+                solution = scipy.linalg.solve_banded((w, w), ab, rhs_s)
+        except (np.linalg.LinAlgError, ValueError):
+            solution = np.full((n * k, m), np.nan, dtype)
+        x[s] = solution.reshape(n, k, m)
+    moved = x.reshape(tuple(np.delete(systems, axis)) + (n, k, m))
+    out = np.moveaxis(moved, len(systems) - 1, axis)
+    return out[..., 0] if vectors else out

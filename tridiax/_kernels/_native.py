@@ -1,4 +1,4 @@
-"""The C++ CPU kernels (cpu_kernels.cc): built on first use, registered as XLA FFI targets.
+"""The C++ CPU kernels (cpu_kernels.cc, cpu_banded.cc, cpu_block.cc): built on first use, registered as XLA FFI targets.
 
 The library is compiled once per machine, source and jax version with the system C++
 compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
@@ -33,7 +33,10 @@ from .._layout import broadcast_shape
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
 # Banded systems (TridiaxBandedCpu): a second translation unit of the same library.
 _BANDED_SOURCE = pathlib.Path(__file__).with_name("cpu_banded.cc")
-_HEADER = pathlib.Path(__file__).with_name("cpu_common.h")  # included by both sources
+# Block-tridiagonal systems (TridiaxBlockCpu): a third translation unit.
+_BLOCK_SOURCE = pathlib.Path(__file__).with_name("cpu_block.cc")
+_SOURCES = (_SOURCE, _BANDED_SOURCE, _BLOCK_SOURCE)
+_HEADER = pathlib.Path(__file__).with_name("cpu_common.h")  # included by every source
 _LOG = logging.getLogger("tridiax")
 # FFI target names and the C++ symbols behind them.
 _TARGETS = {
@@ -44,6 +47,7 @@ _TARGETS = {
     "tridiax_recurrence_cpu": "TridiaxRecurrenceCpu",
     "tridiax_recurrence_ends_cpu": "TridiaxRecurrenceEndsCpu",
     "tridiax_banded_cpu": "TridiaxBandedCpu",
+    "tridiax_block_cpu": "TridiaxBlockCpu",
 }
 
 
@@ -57,12 +61,12 @@ def _cpu_flags() -> str:
 
 def _compile(compiler: str, out: pathlib.Path) -> None:
     # -march=native: the library is cached per CPU (the key includes its feature flags).
-    # The two sources compile side by side (each takes a while), then link into one library.
+    # The sources compile side by side (each takes a while), then link into one library.
     flags = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
-    objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in (_SOURCE, _BANDED_SOURCE)]
+    objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
     jobs = [subprocess.Popen([*flags, "-c", str(source), "-o", str(obj)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-            for source, obj in zip((_SOURCE, _BANDED_SOURCE), objects)]
+            for source, obj in zip(_SOURCES, objects)]
     for job, (stdout, stderr) in [(job, job.communicate()) for job in jobs]:
         if job.returncode:
             raise subprocess.CalledProcessError(job.returncode, job.args, stdout, stderr)
@@ -76,7 +80,7 @@ def _library_path() -> pathlib.Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     key = hashlib.sha256(
-        b"\0".join([*(path.read_bytes() for path in (_SOURCE, _BANDED_SOURCE, _HEADER)),
+        b"\0".join([*(path.read_bytes() for path in (*_SOURCES, _HEADER)),
                     jax.__version__.encode(), _cpu_flags().encode(), compiler.encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
@@ -277,4 +281,33 @@ def banded_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype)
     (ab, b), cdt = _cast((ab, b), out_dtype)
     call = jax.ffi.ffi_call("tridiax_banded_cpu", jax.ShapeDtypeStruct((P, N, Q), cdt))
     return call(ab, b, l=np.int64(l), u=np.int64(u), kind=np.int64(_BANDED_KINDS[kind]),
+                transposed=bool(transposed)).astype(out_dtype)
+
+
+_BLOCK_KINDS = {"block": 0, "block_pivoted": 1, "block_hermitian": 2}
+
+
+def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype):
+    """Solve A x = b (A^T x = b when `transposed`, no conjugate) along axis 1 with the C++
+    block-tridiagonal kernel (cpu_block.cc), the block Thomas algorithm of
+    `_xla_block.solve_pnq`: `lower`, `diag`, `upper` (P|1, N|1, Q|1, k, k), block row i reading
+    lower[i] x[i-1] + diag[i] x[i] + upper[i] x[i+1] (a size-1 axis is broadcast, never copied;
+    lower[0] and upper[N-1] are never read), `b` (P, N, Q, k, m); `kind` "block",
+    "block_pivoted" (partial pivoting inside each diagonal block) or "block_hermitian".
+    Returns x, (P, N, Q, k, m) of `out_dtype`; float16/bfloat16 are solved in float32 and
+    rounded once."""
+    _require()
+    if kind not in _BLOCK_KINDS:
+        raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(_BLOCK_KINDS)}")
+    if b.ndim != 5:
+        raise ValueError(f"b of shape {b.shape} is not (P, N, Q, k, m)")
+    P, N, Q, k, _ = b.shape
+    for name, a in (("lower", lower), ("diag", diag), ("upper", upper)):
+        if a.ndim != 5 or a.shape[3:] != (k, k) or any(
+                s not in (1, n) for s, n in zip(a.shape[:3], (P, N, Q))):
+            raise ValueError(f"{name} of shape {a.shape} is not (P|1, N|1, Q|1, k, k) = "
+                             f"({P}|1, {N}|1, {Q}|1, {k}, {k}) for b of shape {b.shape}")
+    (lower, diag, upper, b), cdt = _cast((lower, diag, upper, b), out_dtype)
+    call = jax.ffi.ffi_call("tridiax_block_cpu", jax.ShapeDtypeStruct(b.shape, cdt))
+    return call(lower, diag, upper, b, kind=np.int64(_BLOCK_KINDS[kind]),
                 transposed=bool(transposed)).astype(out_dtype)

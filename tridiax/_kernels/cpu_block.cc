@@ -1,0 +1,718 @@
+// tridiax's CPU kernel for block-tridiagonal systems, as an XLA FFI custom call
+// (TridiaxBlockCpu): the block Thomas algorithm of tridiax/_kernels/_xla_block.py, without
+// pivoting, with partial pivoting inside each diagonal block, or for Hermitian positive definite
+// matrices (no pivoting; a pivot whose real part is not positive makes that system NaN).
+//
+//   forward, i = 0 .. N-1: S = D[i] - L[i] E[i-1], t = b[i] - L[i] y[i-1] (S = D[0], t = b[0]
+//     at i = 0); Gaussian elimination of the k x (k + k + m) matrix [S | U[i] | t], column by
+//     column (the pivoted kind first swaps in the first row of largest |S[r, c]|, |Re| + |Im|
+//     for complex), then back substitution in the block: [E[i] | y[i]] = S^-1 [U[i] | t];
+//   backward: x[N-1] = y[N-1], x[i] = y[i] - E[i] x[i+1].
+//
+// Operands: lower, diag, upper (P|1, N|1, Q|1, k, k), blocks [row, col] in the last two
+// dimensions, a size-1 dimension broadcast (stride 0), never copied; b and x (P, N, Q, k, m).
+// lower[0] and upper[N-1] lie outside the matrix and are never read. Transposed (A^T x = b,
+// no conjugate): lower'[i] = upper[i-1]^T, diag'[i] = diag[i]^T, upper'[i] = lower[i+1]^T,
+// read from the same operands with the block's indices swapped.
+//
+// Lanes and tiles, as in cpu_banded.cc: a *lane* is one system (p, q); a *tile* is W lanes
+// solved together, vectorised over lanes, L lanes (one vector register) per *group*. Lanes go
+// along Q, or along P for batch-first data (Q == 1). Either way a lane's block is k*k (k*m)
+// contiguous values, so rows of kRows blocks are moved into a chunk buffer (blocks' entries by
+// lanes) before they are used: by 8x8 transposes where a lane's values run on for 8 or more
+// (each lane's rows for batch-first data; blocks of k*k a multiple of 8 along Q), one by one
+// otherwise; the next rows are prefetched meanwhile. E and y of a tile stay in a per-thread
+// scratch of N x (k*k + k*m) x W values; x overwrites y in the backward sweep and goes out the
+// same way. For k in {1, 2, 3, 4} the block's loops are unrolled at compile time (with one
+// right-hand side the augmented matrix lives in registers); other k run the same code with
+// loops at run time. Complex systems, and a handful of lanes, run one lane at a time. Tiles
+// are shared out over one std::thread per core (RunTiles).
+
+#include <algorithm>
+#include <cmath>
+#include <complex>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kBlock = 8;  // rows and lanes of one transpose
+constexpr int64_t kRows = 8;   // block rows moved into a chunk buffer at a time
+constexpr int64_t kAhead = 2;  // chunks prefetched ahead of their reads
+
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
+
+#include "cpu_common.h"
+
+// ---------------------------------------------------------------------------------------------
+// Lane arithmetic: a vector of L real lanes (VectorOps) or one lane of any type (ScalarOps), as
+// in cpu_banded.cc; every load here is a whole vector from an aligned chunk or scratch row.
+
+template <typename T>
+struct VectorOps {
+  static constexpr int L = kVectorBytes / static_cast<int>(sizeof(T));
+  typedef T V __attribute__((vector_size(kVectorBytes)));
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  typedef I Mask __attribute__((vector_size(kVectorBytes)));
+  using Mag = V;
+
+  static V Splat(T x) {
+    V v;
+    for (int i = 0; i < L; ++i) v[i] = x;
+    return v;
+  }
+  static V Zero() { return Splat(T(0)); }
+  static V One() { return Splat(T(1)); }
+  static V Load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void Store(T* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+  static Mag Abs(V v) {
+    constexpr I sign = ~(I(1) << (8 * sizeof(T) - 1));
+    return (V)((Mask)v & sign);
+  }
+  // a beats b for the pivot: larger, or NaN where b is not (jnp.argmax's NaN rule).
+#if defined(__AVX512F__)
+  using Bits = std::conditional_t<sizeof(T) == 4, __mmask16, __mmask8>;
+  static Bits Greater(Mag a, Mag b) {
+    if constexpr (sizeof(T) == 4) {
+      const __m512 x = (__m512)a, y = (__m512)b;
+      return _mm512_cmp_ps_mask(x, y, _CMP_GT_OQ) |
+             (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(y, y, _CMP_ORD_Q));
+    } else {
+      const __m512d x = (__m512d)a, y = (__m512d)b;
+      return _mm512_cmp_pd_mask(x, y, _CMP_GT_OQ) |
+             (_mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q) & _mm512_cmp_pd_mask(y, y, _CMP_ORD_Q));
+    }
+  }
+  static V Select(Bits m, V a, V b) {
+    if constexpr (sizeof(T) == 4) {
+      return (V)_mm512_mask_blend_ps(m, (__m512)b, (__m512)a);
+    } else {
+      return (V)_mm512_mask_blend_pd(m, (__m512d)b, (__m512d)a);
+    }
+  }
+  static Bits AndNot(Bits a, Bits b) { return static_cast<Bits>(a & ~b); }
+  static Bits Or(Bits a, Bits b) { return static_cast<Bits>(a | b); }
+#else
+  using Bits = Mask;
+  static Bits Greater(Mag a, Mag b) { return (a > b) | ((a != a) & (b == b)); }
+  static V Select(Bits m, V a, V b) { return m ? a : b; }
+  static Bits AndNot(Bits a, Bits b) { return a & ~b; }
+  static Bits Or(Bits a, Bits b) { return a | b; }
+#endif
+  // The Hermitian kind's pivot: itself where positive, NaN elsewhere.
+  static V Positive(V p) { return p > Zero() ? p : Splat(std::numeric_limits<T>::quiet_NaN()); }
+};
+
+template <typename T>
+struct Real { using type = T; };
+template <typename R>
+struct Real<std::complex<R>> { using type = R; };
+
+template <typename T>
+struct ScalarOps {
+  static constexpr int L = 1;
+  using V = T;
+  using R = typename Real<T>::type;
+  using Bits = bool;
+  using Mag = R;
+
+  static V Zero() { return T(0); }
+  static V One() { return T(1); }
+  static V Load(const T* p) { return *p; }
+  static void Store(T* p, V v) { *p = v; }
+  static Mag Abs(T x) { return Magnitude(x); }
+  static Bits Greater(Mag a, Mag b) { return a > b || (std::isnan(a) && !std::isnan(b)); }
+  template <typename U>
+  static U Select(Bits m, U a, U b) { return m ? a : b; }
+  static Bits Or(Bits a, Bits b) { return a || b; }
+  static Bits AndNot(Bits a, Bits b) { return a && !b; }
+  static V Positive(V p) {
+    return std::real(p) > R(0) ? p : V(std::numeric_limits<R>::quiet_NaN());
+  }
+};
+
+// f(i) for i in [begin, end): unrolled over [0, N) when N > 0 (then end <= N, and the bounds
+// fold away where they are constants after unrolling), a loop otherwise.
+template <typename F, int... I>
+inline __attribute__((always_inline)) void Unrolled(int begin, int end, F& f,
+                                                    std::integer_sequence<int, I...>) {
+  ((I >= begin && I < end ? f(I) : void()), ...);
+}
+template <int N, typename F>
+inline __attribute__((always_inline)) void Range(int begin, int end, F&& f) {
+  if constexpr (N > 0) {
+    Unrolled(begin, end, f, std::make_integer_sequence<int, N>{});
+  } else {
+    for (int i = begin; i < end; ++i) f(i);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Moving a tile's blocks between the operands and chunk buffers.
+
+// One operand as a tile sees it: entry e of lane s's block at row pos is
+// base[s * lane + pos * row + e], e < E (k*k or k*m). lane 0: one block shared by every lane;
+// row 0: one block for every row.
+template <typename T>
+struct Operand {
+  const T* base;
+  int64_t lane, row, E;
+};
+
+// Rows [pos, pos + rows) of lanes [0, W) into buf: entry e of row r at buf[(r * E + e) * W + s]
+// (lanes past w repeat lane 0, so that every lane computes with numbers). By 8x8 transposes
+// where lanes run on for 8 values: a lane's rows (row == E) or its block (lane == E, E a
+// multiple of 8); value by value otherwise.
+template <typename T>
+void Gather(const Operand<T>& op, int64_t pos, int64_t rows, int64_t w, int64_t W, T* buf) {
+  const int64_t E = op.E;
+  const T* base = op.base + pos * op.row;
+  const int64_t whole = op.lane == 0 ? 0 : w / kBlock * kBlock;  // lanes moved by transposes
+  if (op.row == E && E > 0) {
+    const int64_t F = rows * E;
+    int64_t f0 = 0;
+    for (; f0 + kBlock <= F; f0 += kBlock) {
+      for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+        Transpose8(base + s0 * op.lane + f0, op.lane, buf + f0 * W + s0, W);
+      }
+      for (int64_t f = f0; f < f0 + kBlock; ++f) {
+        for (int64_t s = whole; s < W; ++s) buf[f * W + s] = base[(s < w ? s : 0) * op.lane + f];
+      }
+    }
+    for (int64_t f = f0; f < F; ++f) {
+      for (int64_t s = 0; s < W; ++s) buf[f * W + s] = base[(s < w ? s : 0) * op.lane + f];
+    }
+    return;
+  }
+  const bool blocks = op.lane == E && E % kBlock == 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* in = base + r * op.row;
+    T* out = buf + r * E * W;
+    int64_t s1 = 0;
+    if (blocks) {
+      for (int64_t e0 = 0; e0 < E; e0 += kBlock) {
+        for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+          Transpose8(in + s0 * E + e0, E, out + e0 * W + s0, W);
+        }
+      }
+      s1 = whole;
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t s = s1; s < W; ++s) out[e * W + s] = in[(s < w ? s : 0) * op.lane + e];
+    }
+  }
+}
+
+// The reverse of Gather for lanes [0, w): buf's rows [0, rows) to x.
+template <typename T>
+void Scatter(const T* buf, int64_t rows, int64_t w, int64_t W, T* base, int64_t lane,
+             int64_t row, int64_t E) {
+  const int64_t whole = w / kBlock * kBlock;
+  if (row == E) {
+    const int64_t F = rows * E;
+    int64_t f0 = 0;
+    for (; f0 + kBlock <= F; f0 += kBlock) {
+      for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+        Transpose8(buf + f0 * W + s0, W, base + s0 * lane + f0, lane);
+      }
+      for (int64_t f = f0; f < f0 + kBlock; ++f) {
+        for (int64_t s = whole; s < w; ++s) base[s * lane + f] = buf[f * W + s];
+      }
+    }
+    for (int64_t f = f0; f < F; ++f) {
+      for (int64_t s = 0; s < w; ++s) base[s * lane + f] = buf[f * W + s];
+    }
+    return;
+  }
+  const bool blocks = lane == E && E % kBlock == 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* out = base + r * row;
+    const T* in = buf + r * E * W;
+    int64_t s1 = 0;
+    if (blocks) {
+      for (int64_t e0 = 0; e0 < E; e0 += kBlock) {
+        for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+          Transpose8(in + e0 * W + s0, W, out + s0 * E + e0, E);
+        }
+      }
+      s1 = whole;
+    }
+    for (int64_t s = s1; s < w; ++s) {
+      for (int64_t e = 0; e < E; ++e) out[s * lane + e] = in[e * W + s];
+    }
+  }
+}
+
+// Prefetch rows [pos, pos + rows) of lanes [0, w) of an operand read (or x written) in place:
+// its rows are far apart (along Q) or its lanes are (along P), streams the hardware does not
+// follow. Into the outer caches for reads, as cpu_banded.cc explains.
+template <typename T>
+void Prefetch(const T* base, int64_t lane, int64_t row, int64_t E, int64_t pos, int64_t rows,
+              int64_t w, bool write) {
+  if (lane == 0 || row == 0 || rows <= 0 || w <= 0) return;
+  auto range = [&](const T* at, int64_t n) {
+    const char* c = reinterpret_cast<const char*>(at);
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+    for (int64_t b = 0; b < bytes; b += 64) {
+      if (write) {
+        __builtin_prefetch(c + b, 1, 3);
+      } else {
+        __builtin_prefetch(c + b, 0, 1);
+      }
+    }
+    if (write) {
+      __builtin_prefetch(c + bytes - 1, 1, 3);
+    } else {
+      __builtin_prefetch(c + bytes - 1, 0, 1);
+    }
+  };
+  if (row == E) {  // each lane's rows contiguous
+    for (int64_t s = 0; s < w; ++s) range(base + s * lane + pos * row, rows * E);
+  } else if (lane == E) {  // each row's lanes contiguous
+    for (int64_t r = pos; r < pos + rows; ++r) range(base + r * row, w * E);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The problem and its tiles.
+
+enum Kind : int64_t { kPlain = 0, kPivoted = 1, kHermitian = 2 };
+
+struct Strides {
+  int64_t p, n, q;  // element strides of a block operand along P, N, Q (0 where broadcast)
+};
+
+struct Problem {
+  int64_t P, N, Q, K, M;
+  bool transposed, hermitian;
+  const void* lower;
+  const void* diag;
+  const void* upper;
+  const void* b;
+  void* x;
+  Strides sl, sd, su;
+  bool lanes_p;  // lanes along P (else along Q)
+  int64_t W;     // lanes per tile (a multiple of the group width)
+};
+
+// KF, MF > 0: k and m as template arguments (the block's loops unroll; with both fixed the
+// augmented matrix is a local array, registers); -1: read at run time, the matrix in the scratch.
+template <typename T, class O, int KF, int MF, bool PIV>
+class Block {
+  using V = typename O::V;
+  using Bits = typename O::Bits;
+  static constexpr int L = O::L;
+  static constexpr bool kLocal = KF > 0 && MF > 0;
+  static constexpr int kC = kLocal ? 2 * KF + MF : -1;  // columns of the augmented matrix
+
+ public:
+  explicit Block(const Problem& pr) : pr_(pr) {
+    const int64_t lanes = pr.lanes_p ? pr.P : pr.Q;
+    blocks_ = (lanes + pr.W - 1) / pr.W;
+  }
+
+  int64_t tiles() const { return blocks_ * (pr_.lanes_p ? pr_.Q : pr_.P); }
+
+  // Per thread: the augmented matrix and pivot masks of one group (V values), E and y
+  // (N x k*k, N x k*m rows of W), and a chunk of kRows rows of each operand.
+  int64_t scratch_size() const {
+    const int64_t k = K(), m = M(), W = pr_.W;
+    return (k * (2 * k + m) + k) * L + pr_.N * (k * k + k * m) * W +
+           kRows * (3 * k * k + k * m) * W;
+  }
+
+  void Run(int64_t begin, int64_t end, T* scratch) const {
+    for (int64_t t = begin; t < end; ++t) SolveTile(t, t + 1 < end, scratch);
+  }
+
+ private:
+  int K() const {
+    if constexpr (KF > 0) return KF;
+    return static_cast<int>(pr_.K);
+  }
+  int M() const {
+    if constexpr (MF > 0) return MF;
+    return static_cast<int>(pr_.M);
+  }
+
+  // One block row of one group: lo, di, up, bb point at the row's chunk entries (entry e at
+  // e * W), Ep, Yp at E[i-1], y[i-1] and Ei, Yi at E[i], y[i] in the scratch. TR: the blocks
+  // of lower', diag', upper' are read transposed. `a`: the k x (2k + m) augmented matrix.
+  template <bool TR>
+  inline __attribute__((always_inline)) void Step(bool first, bool last, const T* lo,
+                                                  const T* di, const T* up, const T* bb,
+                                                  const T* Ep, const T* Yp, T* Ei, T* Yi, V* a,
+                                                  Bits* win) const {
+    const int k = K(), m = M(), C = 2 * k + m;
+    const int64_t W = pr_.W;
+    auto at = [&](int r, int c) { return (TR ? c * k + r : r * k + c) * W; };
+    // S = D - L E[i-1], [U | t = b - L y[i-1]]; U is not read in the last row.
+    Range<KF>(0, k, [&](int r) __attribute__((always_inline)) {
+      Range<KF>(0, k, [&](int c) __attribute__((always_inline)) {
+        V s = O::Load(di + at(r, c));
+        if (!first) {
+          V sum = O::Load(lo + at(r, 0)) * O::Load(Ep + c * W);
+          Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
+            sum += O::Load(lo + at(r, j)) * O::Load(Ep + (j * k + c) * W);
+          });
+          s -= sum;
+        }
+        a[r * C + c] = s;
+        a[r * C + k + c] = last ? O::Zero() : O::Load(up + at(r, c));
+      });
+      Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
+        V s = O::Load(bb + (r * m + c) * W);
+        if (!first) {
+          V sum = O::Load(lo + at(r, 0)) * O::Load(Yp + c * W);
+          Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
+            sum += O::Load(lo + at(r, j)) * O::Load(Yp + (j * m + c) * W);
+          });
+          s -= sum;
+        }
+        a[r * C + 2 * k + c] = s;
+      });
+    });
+    // Elimination, column by column; 1/pivot takes the pivot's place.
+    Range<KF>(0, k, [&](int c) __attribute__((always_inline)) {
+      if constexpr (PIV) {
+        // The first row of largest magnitude (argmax): win[r] where row r beats rows c..r-1,
+        // kept only where no later row wins; then row c and that row trade places.
+        if (c + 1 < k) {
+          auto best = O::Abs(a[c * C + c]);
+          Range<KF>(c + 1, k, [&](int r) __attribute__((always_inline)) {
+            const auto mag = O::Abs(a[r * C + c]);
+            win[r] = O::Greater(mag, best);
+            best = O::Select(win[r], mag, best);
+          });
+          Bits later = win[k - 1];
+          Range<KF>(c + 1, k - 1, [&](int n) __attribute__((always_inline)) {
+            const int r = k - 1 + c - n;  // k - 2 down to c + 1
+            const Bits mine = win[r];
+            win[r] = O::AndNot(mine, later);
+            later = O::Or(later, mine);
+          });
+          Range<KF>(c + 1, k, [&](int r) __attribute__((always_inline)) {
+            const Bits s = win[r];
+            Range<kC>(c, C, [&](int j) __attribute__((always_inline)) {
+              const V x = a[c * C + j], y = a[r * C + j];
+              a[c * C + j] = O::Select(s, y, x);
+              a[r * C + j] = O::Select(s, x, y);
+            });
+          });
+        }
+      }
+      V pivot = a[c * C + c];
+      if (pr_.hermitian) pivot = O::Positive(pivot);
+      const V inverse = O::One() / pivot;
+      a[c * C + c] = inverse;
+      Range<KF>(c + 1, k, [&](int r) __attribute__((always_inline)) {
+        const V f = a[r * C + c] * inverse;
+        Range<kC>(c + 1, C, [&](int j) __attribute__((always_inline)) {
+          a[r * C + j] -= f * a[c * C + j];
+        });
+      });
+    });
+    // Back substitution of the right-hand columns, from the last row up.
+    Range<KF>(0, k, [&](int rr) __attribute__((always_inline)) {
+      const int c = k - 1 - rr;
+      Range<kC>(k, C, [&](int j) __attribute__((always_inline)) {
+        V v = a[c * C + j];
+        Range<KF>(c + 1, k, [&](int r) __attribute__((always_inline)) {
+          v -= a[c * C + r] * a[r * C + j];
+        });
+        a[c * C + j] = v * a[c * C + c];
+      });
+    });
+    Range<KF>(0, k, [&](int r) __attribute__((always_inline)) {
+      if (!last) {
+        Range<KF>(0, k, [&](int c) __attribute__((always_inline)) {
+          O::Store(Ei + (r * k + c) * W, a[r * C + k + c]);
+        });
+      }
+      Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
+        O::Store(Yi + (r * m + c) * W, a[r * C + 2 * k + c]);
+      });
+    });
+  }
+
+  // The forward sweep of a tile: chunks of kRows rows moved into the buffers, then each group
+  // of L lanes through them. ops: lower', diag', upper' (their sources), b; shift: the row of
+  // the source that row i of lower' and upper' read (-1, +1 transposed); x: prefetched to be
+  // written.
+  template <bool TR>
+  void Forward(int64_t w, int64_t next, const Operand<T>* ops, const int64_t* shift,
+               const Operand<T>& x, T* E, T* Y, T* chunk, V* aug, Bits* masks) const {
+    const int k = K(), m = M(), kk = k * k, km = k * m;
+    const int64_t N = pr_.N, W = pr_.W, G = (w + L - 1) / L;
+    const T* ptr[4];
+    int64_t rs[4];
+    T* bufs[4];
+    for (int o = 0, at = 0; o < 4; ++o) {
+      bufs[o] = chunk + at * kRows * W;
+      at += ops[o].E;
+      if (ops[o].row == 0) {  // one block for every row, moved once
+        Gather(ops[o], 0, 1, w, W, bufs[o]);
+        ptr[o] = bufs[o];
+        rs[o] = 0;
+      } else {
+        ptr[o] = bufs[o];
+        rs[o] = ops[o].E * W;
+      }
+    }
+    V local[kLocal ? KF * (2 * KF + MF) : 1];
+    Bits local_masks[KF > 0 ? KF : 1];
+    V* a = kLocal ? local : aug;
+    Bits* win = KF > 0 ? local_masks : masks;
+    // Rows of A' at which each operand is read: lower' from row 1, upper' to row N - 2.
+    const int64_t first[4] = {1, 0, 0, 0}, end[4] = {N, N, N - 1, N};
+    auto prefetch = [&](int64_t i0) {
+      int64_t base_shift = 0, lanes = w;
+      if (i0 >= N) {  // the first rows of the tile after this one
+        if (next == 0) return;
+        i0 -= N;
+        base_shift = W;
+        lanes = next;
+      }
+      for (int o = 0; o < 4; ++o) {
+        const Operand<T>& op = ops[o];
+        const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + kRows, end[o]);
+        Prefetch(op.base + base_shift * op.lane, op.lane, op.row, op.E, lo + shift[o], hi - lo,
+                 lanes, false);
+      }
+      Prefetch(x.base + base_shift * x.lane, x.lane, x.row, x.E, i0,
+               std::min(kRows, N - i0), lanes, true);
+    };
+    for (int64_t i0 = 0; i0 < N; i0 += kRows) {
+      const int64_t rows = std::min(kRows, N - i0);
+      prefetch(i0 + kAhead * kRows);
+      for (int o = 0; o < 4; ++o) {
+        if (rs[o] == 0) continue;
+        const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + rows, end[o]);
+        if (hi > lo) Gather(ops[o], lo + shift[o], hi - lo, w, W, bufs[o] + (lo - i0) * rs[o]);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t off = g * L;
+        for (int64_t jj = 0; jj < rows; ++jj) {
+          const int64_t i = i0 + jj, prev = i > 0 ? i - 1 : 0;
+          Step<TR>(i == 0, i == N - 1, ptr[0] + jj * rs[0] + off, ptr[1] + jj * rs[1] + off,
+                   ptr[2] + jj * rs[2] + off, ptr[3] + jj * rs[3] + off,
+                   E + prev * kk * W + off, Y + prev * km * W + off, E + i * kk * W + off,
+                   Y + i * km * W + off, a, win);
+        }
+      }
+    }
+  }
+
+  // x[i] = y[i] - E[i] x[i+1], from the second last row up, in place of y.
+  void Backward(int64_t w, const T* E, T* Y) const {
+    const int k = K(), m = M(), kk = k * k, km = k * m;
+    const int64_t N = pr_.N, W = pr_.W, G = (w + L - 1) / L;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t off = g * L;
+      for (int64_t i = N - 2; i >= 0; --i) {
+        const T* e = E + i * kk * W + off;
+        T* y = Y + i * km * W + off;
+        const T* x = y + km * W;
+        Range<KF>(0, k, [&](int r) __attribute__((always_inline)) {
+          Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
+            V sum = O::Load(e + r * k * W) * O::Load(x + c * W);
+            Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
+              sum += O::Load(e + (r * k + j) * W) * O::Load(x + (j * m + c) * W);
+            });
+            O::Store(y + (r * m + c) * W, O::Load(y + (r * m + c) * W) - sum);
+          });
+        });
+      }
+    }
+  }
+
+  void SolveTile(int64_t t, bool more, T* scratch) const {
+    const int64_t P = pr_.P, N = pr_.N, Q = pr_.Q, W = pr_.W;
+    const int k = K(), m = M();
+    const int64_t kk = k * k, km = k * m;
+    int64_t p, q, w, next;
+    if (pr_.lanes_p) {
+      q = t / blocks_;
+      p = (t % blocks_) * W;
+      w = std::min(W, P - p);
+      next = std::min(W, P - p - w);
+    } else {
+      p = t / blocks_;
+      q = (t % blocks_) * W;
+      w = std::min(W, Q - q);
+      next = std::min(W, Q - q - w);
+    }
+    if (!more) next = 0;
+    V* aug = reinterpret_cast<V*>(scratch);
+    auto* masks = reinterpret_cast<Bits*>(aug + k * (2 * k + m));
+    static_assert(sizeof(Bits) <= sizeof(V), "mask scratch");
+    T* E = scratch + (k * (2 * k + m) + k) * L;
+    T* Y = E + N * kk * W;
+    T* chunk = Y + N * km * W;
+    auto block = [&](const void* data, const Strides& s) {
+      const T* base = static_cast<const T*>(data) + p * s.p + q * s.q;
+      return Operand<T>{base, pr_.lanes_p ? s.p : s.q, s.n, kk};
+    };
+    const Operand<T> lower = block(pr_.lower, pr_.sl), diag = block(pr_.diag, pr_.sd),
+                     upper = block(pr_.upper, pr_.su);
+    const int64_t bb = (p * N * Q + q) * km, blane = pr_.lanes_p ? N * Q * km : km;
+    const Operand<T> b{static_cast<const T*>(pr_.b) + bb, blane, Q * km, km};
+    T* out = static_cast<T*>(pr_.x) + bb;
+    const Operand<T> x{out, blane, Q * km, km};
+    const bool tr = pr_.transposed;
+    const Operand<T> ops[4] = {tr ? upper : lower, diag, tr ? lower : upper, b};
+    const int64_t shift[4] = {tr ? -1 : 0, 0, tr ? 1 : 0, 0};
+    if (tr) {
+      Forward<true>(w, next, ops, shift, x, E, Y, chunk, aug, masks);
+    } else {
+      Forward<false>(w, next, ops, shift, x, E, Y, chunk, aug, masks);
+    }
+    Backward(w, E, Y);
+    Scatter(Y, N, w, W, out, blane, Q * km, km);
+  }
+
+  Problem pr_;
+  int64_t blocks_;
+};
+
+template <typename T, class O, int KF, int MF, bool PIV>
+void Launch(const Problem& pr) {
+  RunTiles<T>(Block<T, O, KF, MF, PIV>(pr), pr.P * pr.N * pr.Q * pr.K * (3 * pr.K + pr.M));
+}
+
+// k as a template argument for k in {1, 2, 3, 4}, and m too where it is 1.
+template <typename T, class O, bool PIV, int KF>
+void WithM(const Problem& pr) {
+  if (pr.M == 1) return Launch<T, O, KF, 1, PIV>(pr);
+  Launch<T, O, KF, -1, PIV>(pr);
+}
+
+template <typename T, class O, bool PIV>
+void Dispatch(const Problem& pr) {
+  switch (pr.K) {
+    case 1: return WithM<T, O, PIV, 1>(pr);
+    case 2: return WithM<T, O, PIV, 2>(pr);
+    case 3: return WithM<T, O, PIV, 3>(pr);
+    case 4: return WithM<T, O, PIV, 4>(pr);
+    default: return Launch<T, O, -1, -1, PIV>(pr);
+  }
+}
+
+// Choose the lanes and the tile width, then the kernel.
+template <typename T>
+void Solve(Problem pr, bool pivoting) {
+  constexpr bool real = std::is_floating_point_v<T>;
+  const bool lanes_p = pr.Q == 1 || (pr.Q < 8 && pr.P > pr.Q);
+  const int64_t lanes = lanes_p ? pr.P : pr.Q;
+  constexpr int64_t vl = real ? VectorOps<std::conditional_t<real, T, float>>::L : 1;
+  const bool vector = real && lanes >= std::max<int64_t>(2, vl / 4);
+  // Tiles: whole transposes of lanes (8), at least one vector; complex numbers and a handful
+  // of lanes: up to 16 lanes, one at a time.
+  pr.lanes_p = lanes_p;
+  pr.W = vector ? std::max<int64_t>(vl, kBlock) : std::min<int64_t>(16, lanes);
+  if constexpr (real) {
+    if (vector) {
+      return pivoting ? Dispatch<T, VectorOps<T>, true>(pr)
+                      : Dispatch<T, VectorOps<T>, false>(pr);
+    }
+  }
+  return pivoting ? Launch<T, ScalarOps<T>, -1, -1, true>(pr)
+                  : Launch<T, ScalarOps<T>, -1, -1, false>(pr);
+}
+
+ffi::Error BlockImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
+                     ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x, int64_t kind,
+                     bool transposed) {
+  const auto bd = b.dimensions(), xd = x->dimensions();
+  if (bd.size() != 5 || xd.size() != 5) {
+    return ffi::Error::InvalidArgument("tridiax: expected b and x of shape (P, N, Q, k, m)");
+  }
+  const int64_t P = xd[0], N = xd[1], Q = xd[2], K = xd[3], M = xd[4];
+  for (int d = 0; d < 5; ++d) {
+    if (bd[d] != xd[d]) return ffi::Error::InvalidArgument("tridiax: b and x differ in shape");
+  }
+  Strides strides[3];
+  const ffi::AnyBuffer* blocks[3] = {&lower, &diag, &upper};
+  for (int o = 0; o < 3; ++o) {
+    const auto d = blocks[o]->dimensions();
+    if (d.size() != 5 || (d[0] != 1 && d[0] != P) || (d[1] != 1 && d[1] != N) ||
+        (d[2] != 1 && d[2] != Q) || d[3] != K || d[4] != K) {
+      return ffi::Error::InvalidArgument(
+          "tridiax: block operands must be (P|1, N|1, Q|1, k, k) for b of shape (P, N, Q, k, m)");
+    }
+    if (blocks[o]->element_type() != x->element_type()) {
+      return ffi::Error::InvalidArgument("tridiax: operands and result differ in dtype");
+    }
+    const int64_t kk = K * K;
+    strides[o] = {d[0] > 1 ? d[1] * d[2] * kk : 0, d[1] > 1 ? d[2] * kk : 0, d[2] > 1 ? kk : 0};
+  }
+  if (b.element_type() != x->element_type()) {
+    return ffi::Error::InvalidArgument("tridiax: operands and result differ in dtype");
+  }
+  if (kind < kPlain || kind > kHermitian) {
+    return ffi::Error::InvalidArgument("tridiax: unknown block kind");
+  }
+  if (P == 0 || N == 0 || Q == 0 || K == 0 || M == 0) return ffi::Error::Success();
+  Problem pr{};
+  pr.P = P;
+  pr.N = N;
+  pr.Q = Q;
+  pr.K = K;
+  pr.M = M;
+  pr.transposed = transposed;
+  pr.hermitian = kind == kHermitian;
+  pr.lower = lower.untyped_data();
+  pr.diag = diag.untyped_data();
+  pr.upper = upper.untyped_data();
+  pr.b = b.untyped_data();
+  pr.x = x->untyped_data();
+  pr.sl = strides[0];
+  pr.sd = strides[1];
+  pr.su = strides[2];
+  const bool pivoting = kind == kPivoted;
+  switch (x->element_type()) {
+    case ffi::DataType::F32: Solve<float>(pr, pivoting); break;
+    case ffi::DataType::F64: Solve<double>(pr, pivoting); break;
+    case ffi::DataType::C64: Solve<std::complex<float>>(pr, pivoting); break;
+    case ffi::DataType::C128: Solve<std::complex<double>>(pr, pivoting); break;
+    default: return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBlockCpu, BlockImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("kind")
+                                  .Attr<bool>("transposed"));
