@@ -1,5 +1,6 @@
 """The examples run in their --quick mode and print the results they claim."""
 
+import math
 import pathlib
 import re
 import subprocess
@@ -36,7 +37,8 @@ def test_examples_readme_lists_every_script_and_what_it_takes():
     scripts = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
     listed = sorted(set(re.findall(r"^\| \[(\w+\.py)\]", readme, re.MULTILINE)))
     assert listed == scripts
-    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven",
+             12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen"}
     assert f"all {words[len(scripts)]} together" in readme
     for script in scripts:  # the flags the README promises are there
         options = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"],
@@ -168,3 +170,39 @@ def test_sharded_solve_example_on_8_host_devices():
     assert number(r"2\. solve axis z sharded.*= (\S+)", out) < 1e-13
     assert number(r"all-gather'\]; \d+ bytes per device per solve \((\S+)%", out) < 25
     assert number(r"3\. d loss / d diag .* from one device (\S+)", out) < 1e-12
+
+
+def test_kalman_smoother_matches_the_kalman_filter_and_fits_the_noise(tmp_path):
+    out = run_example("kalman_smoother.py", "--quick", "--out", str(tmp_path))
+    assert number(r"max \|mean - Kalman/RTS mean\| = (\S+)", out) < 1e-8
+    assert number(r"log-likelihood: .*relative difference (\S+)", out) < 1e-8
+    for name in ("log q", "log r"):
+        line = f"d loglik / d {name} .*: autodiff (\\S+), finite difference (\\S+)"
+        assert number(line, out) == pytest.approx(number(line, out, 2), rel=1e-5)
+    for name in ("q", "r"):  # the fit ends much nearer the true value than it started
+        line = f"\\b{name}: (\\S+) -> (\\S+) \\(true (\\S+)\\)"
+        start, end, true = (number(line, out, g) for g in (1, 2, 3))
+        assert abs(math.log(end / true)) < 0.1 * abs(math.log(start / true))
+    start, end = (number(r"loglik per observation: (\S+) -> (\S+)", out, g) for g in (1, 2))
+    assert end > start
+    logliks = [float(v) for v in re.findall(r"iteration\s+\d+\s+loglik per observation (\S+)", out)]
+    assert len(logliks) >= 5 and logliks[-1] > logliks[0]
+    assert number(r"smoothed means by the block solve (\S+) ms", out) > 0
+    assert number(r"NumPy Kalman filter \+ RTS smoother .* (\S+) ms", out) > 0
+    assert (tmp_path / "kalman_smoother.png").stat().st_size > 10_000
+
+
+def test_reaction_diffusion_implicit_forms_turing_stripes(tmp_path):
+    out = run_example("reaction_diffusion_implicit.py", "--quick", "--out", str(tmp_path))
+    threshold = number(r"Turing threshold b_c = (\S+);", out)
+    assert number(r"max \|increment - scipy.linalg.solve\| / max \|increment\| = (\S+)",
+                  out) < 1e-12
+    assert abs(number(r"observed order in dt: (\S+)", out) - 1) < 0.15
+    rows = re.findall(r"^\s*(\d\.\d\d)\s+(\S+)\s+(\S+)\s+\S+\s+(\S+)\s+(\d+)", out, re.MULTILINE)
+    assert len(rows) == 5
+    for b, growth, initial, final, stripes in rows:
+        if float(b) < threshold:  # the noise dies out
+            assert float(growth) < 0 and float(final) < 1e-3 * float(initial) and stripes == "0"
+        else:  # stripes grow from the noise and saturate
+            assert float(growth) > 0 and float(final) > 0.5 and int(stripes) >= 5
+    assert (tmp_path / "reaction_diffusion_implicit.png").stat().st_size > 10_000
