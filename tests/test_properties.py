@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tridiax import verify
 from tridiax._banded import solve as solve_banded
+from tridiax._block import solve as solve_block
 from tridiax._recurrence import recurrence
 from tridiax._solve import solve
 
@@ -26,14 +27,14 @@ MAX_VALUES = 60_000  # per example: keeps a large run to minutes
 DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 
 
-def property_tests(prop):
+def property_tests(prop, ci_examples=CI_EXAMPLES):
     """The property as two tests: a bounded one, and a long one marked `large`."""
 
-    def make(examples):
-        return settings(max_examples=examples, deadline=None, derandomize=examples == CI_EXAMPLES,
+    def make(examples, derandomize):
+        return settings(max_examples=examples, deadline=None, derandomize=derandomize,
                         suppress_health_check=[HealthCheck.too_slow])(given(st.data())(prop))
 
-    return make(CI_EXAMPLES), pytest.mark.large(make(LARGE_EXAMPLES))
+    return make(ci_examples, True), pytest.mark.large(make(LARGE_EXAMPLES, False))
 
 
 @st.composite
@@ -203,3 +204,41 @@ def _recurrence_property(data):
 test_solve_property, test_solve_property_large = property_tests(_solve_property)
 test_recurrence_property, test_recurrence_property_large = property_tests(_recurrence_property)
 test_banded_property, test_banded_property_large = property_tests(_banded_property)
+
+
+def _block_property(data):
+    # Blocks of size 1..4, block diagonally dominant (with or without pivoting) or random
+    # (pivoting; N <= 30), each block array with its own broadcast shape; rhs (..., k, m).
+    k = data.draw(st.integers(1, 4), label="k")
+    m = data.draw(st.integers(1, 3), label="m")
+    dominant = data.draw(st.booleans(), label="dominant")
+    shape, axis, shapes = data.draw(layouts(max_n=200 if dominant else 30), label="layout")
+    dtype = np.dtype(data.draw(st.sampled_from(DTYPES), label="dtype"))
+    backend = data.draw(st.sampled_from(backends(dtype)), label="backend")
+    pivoting = data.draw(st.booleans(), label="pivoting") if dominant else True
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    lower, diag, upper = (draw_array(rng, s + (k, k), dtype) for s in shapes[:3])
+    if dominant:
+        diag = diag + 3 * k * np.eye(k)
+    rhs = draw_array(rng, shapes[3] + (k, m), dtype)
+    arrays = [v.astype(dtype) for v in (lower, diag, upper, rhs)]
+    reference = verify.reference_solve_block_tridiagonal(*arrays, axis=axis)
+    assume(np.all(np.isfinite(reference)))
+    assume(np.max(np.abs(reference)) < 1e6 * max(np.max(np.abs(rhs)), 1e-30))
+    if backend == "pallas_interpret" and shape[axis] > 50:
+        backend = "xla"
+    try:
+        x = solve_block(*(jnp.asarray(v) for v in arrays), axis=axis, pivoting=pivoting,
+                        backend=backend)
+    except ValueError as err:  # rank-less blocks against an (..., k, k) rhs: both readings fit
+        assert "does not guess" in str(err), err
+        assume(False)
+    assert x.shape == reference.shape and x.dtype == dtype
+    scale = np.max(np.abs(reference))
+    error = np.max(np.abs(np.asarray(x, np.complex128) - reference)) / scale
+    # Backward-stable elimination of a system whose condition number the assumptions bound.
+    assert error < 1e4 * k * np.finfo(dtype).eps * (1 if dominant else 100), error
+
+
+# Fewer examples in CI: every example compiles a new shape of a k x k elimination.
+test_block_property, test_block_property_large = property_tests(_block_property, ci_examples=15)

@@ -109,6 +109,21 @@ def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas"
     return "xla"
 
 
+# Largest block size the Pallas Triton block kernel takes by default (real, complex): its
+# k x k blocks live in registers, and an H100 compile (tests/test_block_pallas.py) spills
+# from k = 8 on (k = 8 complex64: KB of spills and minutes of ptxas); larger k run XLA's loop.
+PALLAS_BLOCK_LIMIT = (6, 4)
+
+
+def default_block_backend(platform: str, dtype, k: int) -> str:
+    """`default_backend` for a block-tridiagonal solve with k x k blocks."""
+    backend = default_backend(platform, dtype)
+    complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
+    if backend == "pallas_triton" and k > PALLAS_BLOCK_LIMIT[complex_]:
+        return "xla"
+    return backend
+
+
 def check_block(block) -> tuple[int, int] | None:
     """`block` as a (bp, bq) pair of powers of two, or None; ValueError otherwise."""
     if block is None:
@@ -255,21 +270,8 @@ def banded_kernel(backend: str) -> Callable:
     right-hand side: `kernel(ab, b, *, l, u, kind, transposed, out_dtype)`
     (`_kernels/_xla_banded.py` states the algorithm every backend runs). Mosaic GPU has no
     banded kernel and runs XLA's."""
-    from ._kernels import _xla_banded
-
-    if backend == "native":
-        from ._kernels import _native
-
-        return _native.banded_pnq
-    if backend in ("pallas_triton", "pallas_interpret"):
-        from ._kernels import _pallas_banded
-
-        options = ({"interpret": True} if backend == "pallas_interpret"
-                   else {"compiler_params": _triton_params})
-        return functools.partial(_pallas_banded.solve_pnq, **options)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}")
-    return _xla_banded.solve_pnq
+    return _family_kernel(backend, native="banded_pnq", pallas="_pallas_banded",
+                          xla="_xla_banded")
 
 
 def block_kernel(backend: str) -> Callable:
@@ -277,18 +279,24 @@ def block_kernel(backend: str) -> Callable:
     k, m) right-hand side: `kernel(lower, diag, upper, b, *, kind, transposed, out_dtype)`
     (`_kernels/_xla_block.py` states the algorithm every backend runs). Mosaic GPU has no
     block kernel and runs XLA's."""
-    from ._kernels import _xla_block
+    return _family_kernel(backend, native="block_pnq", pallas="_pallas_block",
+                          xla="_xla_block")
+
+
+def _family_kernel(backend: str, *, native: str, pallas: str, xla: str) -> Callable:
+    """The solve of a family with one kernel per backend: `_native.<native>`,
+    `_kernels/<pallas>.solve_pnq` (Triton, or interpreted) and `_kernels/<xla>.solve_pnq`."""
+    import importlib
+
+    def module(name):
+        return importlib.import_module(f".{name}", f"{__package__}._kernels")
 
     if backend == "native":
-        from ._kernels import _native
-
-        return _native.block_pnq
+        return getattr(module("_native"), native)
     if backend in ("pallas_triton", "pallas_interpret"):
-        from ._kernels import _pallas_block
-
         options = ({"interpret": True} if backend == "pallas_interpret"
                    else {"compiler_params": _triton_params})
-        return functools.partial(_pallas_block.solve_pnq, **options)
+        return functools.partial(module(pallas).solve_pnq, **options)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}")
-    return _xla_block.solve_pnq
+    return module(xla).solve_pnq
