@@ -29,6 +29,7 @@ import numpy as np
 
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
+from .._planner import cpu_cache_bytes
 
 _SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
 # Banded systems (TridiaxBandedCpu): a second translation unit of the same library.
@@ -310,4 +311,4 @@ def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype):
     (lower, diag, upper, b), cdt = _cast((lower, diag, upper, b), out_dtype)
     call = jax.ffi.ffi_call("tridiax_block_cpu", jax.ShapeDtypeStruct(b.shape, cdt))
     return call(lower, diag, upper, b, kind=np.int64(_BLOCK_KINDS[kind]),
-                transposed=bool(transposed)).astype(out_dtype)
+                transposed=bool(transposed), cache=np.int64(cpu_cache_bytes())).astype(out_dtype)

@@ -18,15 +18,18 @@
 // Lanes and tiles, as in cpu_banded.cc: a *lane* is one system (p, q); a *tile* is W lanes
 // solved together, vectorised over lanes, L lanes (one vector register) per *group*. Lanes go
 // along Q, or along P for batch-first data (Q == 1). Either way a lane's block is k*k (k*m)
-// contiguous values, so rows of kRows blocks are moved into a chunk buffer (blocks' entries by
-// lanes) before they are used: by 8x8 transposes where a lane's values run on for 8 or more
-// (each lane's rows for batch-first data; blocks of k*k a multiple of 8 along Q), one by one
-// otherwise; the next rows are prefetched meanwhile. E and y of a tile stay in a per-thread
+// contiguous values, so chunks of rows are moved into a buffer (blocks' entries by lanes)
+// before they are used: by 8x8 transposes where a lane's values run on for 8 or more (each
+// lane's rows for batch-first data; blocks of k*k a multiple of 8 along Q), one by one
+// otherwise; the rows ahead are prefetched meanwhile. E and y of a tile stay in a per-thread
 // scratch of N x (k*k + k*m) x W values; x overwrites y in the backward sweep and goes out the
-// same way. For k in {1, 2, 3, 4} the block's loops are unrolled at compile time (with one
-// right-hand side the augmented matrix lives in registers); other k run the same code with
-// loops at run time. Complex systems, and a handful of lanes, run one lane at a time. Tiles
-// are shared out over one std::thread per core (RunTiles).
+// same way. Tiles along Q are as wide as keep that scratch in half the L2 cache (up to 512
+// lanes), so that every row of an operand is read in long runs (1 KB runs, 16 float64 lanes of
+// 4x4 blocks, took 1.5x as long as 4 KB ones); along P a tile is one vector. For k in
+// {1, 2, 3, 4} the block's loops are unrolled at compile time (with one right-hand side the
+// augmented matrix lives in registers); other k run the same code with loops at run time.
+// Complex systems, and a handful of lanes, run one lane at a time. Tiles are shared out over
+// one std::thread per core (RunTiles).
 
 #include <algorithm>
 #include <cmath>
@@ -52,8 +55,10 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kBlock = 8;  // rows and lanes of one transpose
-constexpr int64_t kRows = 8;   // block rows moved into a chunk buffer at a time
-constexpr int64_t kAhead = 2;  // chunks prefetched ahead of their reads
+constexpr int64_t kRows = 8;   // block rows moved into a chunk buffer at a time (at most)
+constexpr int64_t kChunkBytes = 32 << 10;  // a chunk buffer's size along Q (L1)
+constexpr int64_t kTileBytes = 128 << 10;  // a chunk buffer's size along P (L2)
+constexpr int64_t kAhead = 16;  // rows prefetched ahead of their reads
 
 #if defined(__AVX512F__)
 constexpr int kVectorBytes = 64;
@@ -64,6 +69,7 @@ constexpr int kVectorBytes = 16;
 #endif
 
 #include "cpu_common.h"
+static int64_t Knob(const char* name, int64_t dflt) { const char* v = std::getenv(name); return v ? std::atoll(v) : dflt; }  // EXPERIMENT
 
 // ---------------------------------------------------------------------------------------------
 // Lane arithmetic: a vector of L real lanes (VectorOps) or one lane of any type (ScalarOps), as
@@ -184,19 +190,148 @@ struct Operand {
   int64_t lane, row, E;
 };
 
+// Blocks of E < 8 values of one vector of contiguous lanes (L lanes: E vectors) to E vectors
+// of one entry each (In), and back (Out), with AVX-512's permutes of two vectors: E per vector
+// moved (E=4, float32: 0.25 permutes a value, where one by one it is a load and a store).
+#if defined(__AVX512F__)
+template <int kBytes>
+struct SmallVector { using type = __m512; };
+template <>
+struct SmallVector<8> { using type = __m512d; };
+
+template <typename T>
+class Small {
+ public:
+  static constexpr int L = 64 / static_cast<int>(sizeof(T));
+  static constexpr int kMax = 7;  // largest E
+
+  // out[e * stride + s] = in[s * E + e], s < L, e < E.
+  static void In(const T* in, int E, T* out, int64_t stride) {
+    const I* idx = Table().in + Base(E) * L;
+    Vec v[kMax];
+    for (int j = 0; j < E; ++j) v[j] = LoadV(in + j * L);
+    for (int e = 0; e < E; ++e, idx += E * L) {
+      Vec o = Permute(LoadI(idx), v[0]);
+      for (int j = 1; j < E; ++j) o = Permute2(o, LoadI(idx + j * L), v[j]);
+      StoreV(out + e * stride, o);
+    }
+  }
+  // out[s * E + e] = in[e * stride + s], s < L, e < E.
+  static void Out(const T* in, int64_t stride, int E, T* out) {
+    const I* idx = Table().out + Base(E) * L;
+    Vec u[kMax];
+    for (int e = 0; e < E; ++e) u[e] = LoadV(in + e * stride);
+    for (int j = 0; j < E; ++j, idx += E * L) {
+      Vec o = Permute(LoadI(idx), u[0]);
+      for (int e = 1; e < E; ++e) o = Permute2(o, LoadI(idx + e * L), u[e]);
+      StoreV(out + j * L, o);
+    }
+  }
+
+ private:
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  using Vec = typename SmallVector<sizeof(T)>::type;
+  static Vec LoadV(const T* p) {
+    if constexpr (sizeof(T) == 4) {
+      return _mm512_loadu_ps(p);
+    } else {
+      return _mm512_loadu_pd(p);
+    }
+  }
+  static void StoreV(T* p, Vec v) {
+    if constexpr (sizeof(T) == 4) {
+      _mm512_storeu_ps(p, v);
+    } else {
+      _mm512_storeu_pd(p, v);
+    }
+  }
+  static __m512i LoadI(const I* p) { return _mm512_load_si512(p); }
+  static Vec Permute(__m512i idx, Vec a) {
+    if constexpr (sizeof(T) == 4) {
+      return _mm512_permutexvar_ps(idx, a);
+    } else {
+      return _mm512_permutexvar_pd(idx, a);
+    }
+  }
+  // idx < L: a's entry, L + j: b's entry j.
+  static Vec Permute2(Vec a, __m512i idx, Vec b) {
+    if constexpr (sizeof(T) == 4) {
+      return _mm512_permutex2var_ps(a, idx, b);
+    } else {
+      return _mm512_permutex2var_pd(a, idx, b);
+    }
+  }
+  // E x E index vectors per E, E = 1 .. kMax, one after another.
+  static constexpr int Base(int E) { return (E - 1) * E * (2 * E - 1) / 6; }
+  static constexpr int kVectors = kMax * (kMax + 1) * (2 * kMax + 1) / 6;  // Base(kMax + 1)
+  struct Tables {
+    alignas(64) I in[kVectors * L];
+    alignas(64) I out[kVectors * L];
+  };
+  static const Tables& Table() {
+    static const Tables tables = [] {
+      Tables t{};
+      for (int E = 1; E <= kMax; ++E) {
+        // In: output e, step j takes the lanes whose entry e lies in input vector j.
+        for (int e = 0; e < E; ++e) {
+          for (int j = 0; j < E; ++j) {
+            I* idx = t.in + (Base(E) + e * E + j) * L;
+            for (int s = 0; s < L; ++s) {
+              const int f = s * E + e;
+              idx[s] = f / L == j ? (j ? L : 0) + f % L : s;
+            }
+          }
+        }
+        // Out: output vector j, step e takes its values f with f % E == e.
+        for (int j = 0; j < E; ++j) {
+          for (int e = 0; e < E; ++e) {
+            I* idx = t.out + (Base(E) + j * E + e) * L;
+            for (int s = 0; s < L; ++s) {
+              const int f = j * L + s;
+              idx[s] = f % E == e ? (e ? L : 0) + f / E : s;
+            }
+          }
+        }
+      }
+      return t;
+    }();
+    return tables;
+  }
+};
+#endif
+
+// Whether Small moves blocks of E values of T (else 0).
+template <typename T>
+constexpr int SmallLanes(int64_t E) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_floating_point_v<T>) {
+    return E >= 1 && E <= Small<T>::kMax ? Small<T>::L : 0;
+  }
+#endif
+  (void)E;
+  return 0;
+}
+
 // Rows [pos, pos + rows) of lanes [0, W) into buf: entry e of row r at buf[(r * E + e) * W + s]
 // (lanes past w repeat lane 0, so that every lane computes with numbers). By 8x8 transposes
-// where lanes run on for 8 values: a lane's rows (row == E) or its block (lane == E, E a
-// multiple of 8); value by value otherwise.
+// where lanes run on for 8 values: a lane's rows (row == E, each lane's run read in turn, the
+// same rows of the `next` lanes after the tile prefetched meanwhile) or its block (lane == E,
+// E a multiple of 8); by Small's permutes for contiguous blocks of fewer values; value by
+// value otherwise.
 template <typename T>
-void Gather(const Operand<T>& op, int64_t pos, int64_t rows, int64_t w, int64_t W, T* buf) {
+void Gather(const Operand<T>& op, int64_t pos, int64_t rows, int64_t w, int64_t W,
+            int64_t next, T* buf) {
   const int64_t E = op.E;
   const T* base = op.base + pos * op.row;
   const int64_t whole = op.lane == 0 ? 0 : w / kBlock * kBlock;  // lanes moved by transposes
   if (op.row == E && E > 0) {
     const int64_t F = rows * E;
+    constexpr int64_t kLine = 64 / sizeof(T);
     int64_t f0 = 0;
     for (; f0 + kBlock <= F; f0 += kBlock) {
+      if (op.lane != 0 && f0 % kLine == 0) {
+        for (int64_t s = 0; s < next; ++s) __builtin_prefetch(base + (W + s) * op.lane + f0, 0, 1);
+      }
       for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
         Transpose8(base + s0 * op.lane + f0, op.lane, buf + f0 * W + s0, W);
       }
@@ -210,6 +345,7 @@ void Gather(const Operand<T>& op, int64_t pos, int64_t rows, int64_t w, int64_t 
     return;
   }
   const bool blocks = op.lane == E && E % kBlock == 0;
+  const int64_t small = op.lane == E ? SmallLanes<T>(E) : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* in = base + r * op.row;
     T* out = buf + r * E * W;
@@ -222,6 +358,13 @@ void Gather(const Operand<T>& op, int64_t pos, int64_t rows, int64_t w, int64_t 
       }
       s1 = whole;
     }
+#if defined(__AVX512F__)
+    if constexpr (SmallLanes<T>(1) > 0) {
+      if (small) {
+        for (; s1 + small <= w; s1 += small) Small<T>::In(in + s1 * E, E, out + s1, W);
+      }
+    }
+#endif
     for (int64_t e = 0; e < E; ++e) {
       for (int64_t s = s1; s < W; ++s) out[e * W + s] = in[(s < w ? s : 0) * op.lane + e];
     }
@@ -250,6 +393,7 @@ void Scatter(const T* buf, int64_t rows, int64_t w, int64_t W, T* base, int64_t 
     return;
   }
   const bool blocks = lane == E && E % kBlock == 0;
+  const int64_t small = lane == E ? SmallLanes<T>(E) : 0;
   for (int64_t r = 0; r < rows; ++r) {
     T* out = base + r * row;
     const T* in = buf + r * E * W;
@@ -262,18 +406,25 @@ void Scatter(const T* buf, int64_t rows, int64_t w, int64_t W, T* base, int64_t 
       }
       s1 = whole;
     }
+#if defined(__AVX512F__)
+    if constexpr (SmallLanes<T>(1) > 0) {
+      if (small) {
+        for (; s1 + small <= w; s1 += small) Small<T>::Out(in + s1, W, E, out + s1 * E);
+      }
+    }
+#endif
     for (int64_t s = s1; s < w; ++s) {
       for (int64_t e = 0; e < E; ++e) out[s * lane + e] = in[e * W + s];
     }
   }
 }
 
-// Prefetch rows [pos, pos + rows) of lanes [0, w) of an operand read (or x written) in place:
-// its rows are far apart (along Q) or its lanes are (along P), streams the hardware does not
-// follow. Into the outer caches for reads, as cpu_banded.cc explains.
+// Prefetch rows [pos, pos + rows) of lanes [s0, s0 + w) of an operand read (or x written) in
+// place: its rows are far apart (along Q) or its lanes are (along P), streams the hardware
+// does not follow. Into the outer caches for reads, as cpu_banded.cc explains.
 template <typename T>
 void Prefetch(const T* base, int64_t lane, int64_t row, int64_t E, int64_t pos, int64_t rows,
-              int64_t w, bool write) {
+              int64_t s0, int64_t w, bool write) {
   if (lane == 0 || row == 0 || rows <= 0 || w <= 0) return;
   auto range = [&](const T* at, int64_t n) {
     const char* c = reinterpret_cast<const char*>(at);
@@ -292,9 +443,9 @@ void Prefetch(const T* base, int64_t lane, int64_t row, int64_t E, int64_t pos, 
     }
   };
   if (row == E) {  // each lane's rows contiguous
-    for (int64_t s = 0; s < w; ++s) range(base + s * lane + pos * row, rows * E);
+    for (int64_t s = s0; s < s0 + w; ++s) range(base + s * lane + pos * row, rows * E);
   } else if (lane == E) {  // each row's lanes contiguous
-    for (int64_t r = pos; r < pos + rows; ++r) range(base + r * row, w * E);
+    for (int64_t r = pos; r < pos + rows; ++r) range(base + r * row + s0 * E, w * E);
   }
 }
 
@@ -334,16 +485,27 @@ class Block {
   explicit Block(const Problem& pr) : pr_(pr) {
     const int64_t lanes = pr.lanes_p ? pr.P : pr.Q;
     blocks_ = (lanes + pr.W - 1) / pr.W;
+    groups_ = pr.W / L;
+    // Rows per chunk of a group: lanes along P (one group a tile), as many as a core's cache
+    // holds (up to all N), so that each lane's rows are read in long runs; along Q, where a
+    // row's groups lie one after another, up to kRows as the L1 cache holds.
+    const int64_t row_bytes = pr.K * (3 * pr.K + pr.M) * L * static_cast<int64_t>(sizeof(T));
+    rows_ = pr.lanes_p ? std::clamp<int64_t>(kTileBytes / row_bytes, kRows, pr.N)
+                       : std::clamp<int64_t>(Knob("B_CHUNK", kChunkBytes) / row_bytes, 1, Knob("B_QROWS", kRows));
+    ahead_ = Knob("B_AHEAD", kAhead);
+    rs_ = pr.transposed ? L : pr.K * L;
+    cs_ = pr.transposed ? pr.K * L : L;
   }
 
   int64_t tiles() const { return blocks_ * (pr_.lanes_p ? pr_.Q : pr_.P); }
 
-  // Per thread: the augmented matrix and pivot masks of one group (V values), E and y
-  // (N x k*k, N x k*m rows of W), and a chunk of kRows rows of each operand.
+  // Per thread: the augmented matrix and pivot masks of one group (V values), E and y of the
+  // tile (N x k*k, N x k*m, group by group), and a chunk of rows_ rows of each operand for one
+  // group.
   int64_t scratch_size() const {
     const int64_t k = K(), m = M(), W = pr_.W;
     return (k * (2 * k + m) + k) * L + pr_.N * (k * k + k * m) * W +
-           kRows * (3 * k * k + k * m) * W;
+           rows_ * (3 * k * k + k * m) * L;
   }
 
   void Run(int64_t begin, int64_t end, T* scratch) const {
@@ -361,24 +523,25 @@ class Block {
   }
 
   // One block row of one group: lo, di, up, bb point at the row's chunk entries (entry e at
-  // e * W), Ep, Yp at E[i-1], y[i-1] and Ei, Yi at E[i], y[i] in the scratch. TR: the blocks
-  // of lower', diag', upper' are read transposed. `a`: the k x (2k + m) augmented matrix.
-  template <bool TR>
+  // e * L), Ep, Yp at E[i-1], y[i-1] and Ei, Yi at E[i], y[i] in the scratch. Entry (r, c) of
+  // lower', diag', upper' at r * rs_ + c * cs_ (swapped strides read the blocks transposed).
+  // `a`: the k x (2k + m) augmented matrix; `win`: k pivot masks. The sums of products are
+  // formed before they are subtracted, as in the XLA formulation (the same rounding).
   inline __attribute__((always_inline)) void Step(bool first, bool last, const T* lo,
                                                   const T* di, const T* up, const T* bb,
                                                   const T* Ep, const T* Yp, T* Ei, T* Yi, V* a,
                                                   Bits* win) const {
     const int k = K(), m = M(), C = 2 * k + m;
-    const int64_t W = pr_.W;
-    auto at = [&](int r, int c) { return (TR ? c * k + r : r * k + c) * W; };
+    const int64_t rs = rs_, cs = cs_;
+    auto at = [&](int r, int c) { return r * rs + c * cs; };
     // S = D - L E[i-1], [U | t = b - L y[i-1]]; U is not read in the last row.
     Range<KF>(0, k, [&](int r) __attribute__((always_inline)) {
       Range<KF>(0, k, [&](int c) __attribute__((always_inline)) {
         V s = O::Load(di + at(r, c));
         if (!first) {
-          V sum = O::Load(lo + at(r, 0)) * O::Load(Ep + c * W);
+          V sum = O::Load(lo + at(r, 0)) * O::Load(Ep + c * L);
           Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
-            sum += O::Load(lo + at(r, j)) * O::Load(Ep + (j * k + c) * W);
+            sum += O::Load(lo + at(r, j)) * O::Load(Ep + (j * k + c) * L);
           });
           s -= sum;
         }
@@ -386,11 +549,11 @@ class Block {
         a[r * C + k + c] = last ? O::Zero() : O::Load(up + at(r, c));
       });
       Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
-        V s = O::Load(bb + (r * m + c) * W);
+        V s = O::Load(bb + (r * m + c) * L);
         if (!first) {
-          V sum = O::Load(lo + at(r, 0)) * O::Load(Yp + c * W);
+          V sum = O::Load(lo + at(r, 0)) * O::Load(Yp + c * L);
           Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
-            sum += O::Load(lo + at(r, j)) * O::Load(Yp + (j * m + c) * W);
+            sum += O::Load(lo + at(r, j)) * O::Load(Yp + (j * m + c) * L);
           });
           s -= sum;
         }
@@ -451,38 +614,30 @@ class Block {
     Range<KF>(0, k, [&](int r) __attribute__((always_inline)) {
       if (!last) {
         Range<KF>(0, k, [&](int c) __attribute__((always_inline)) {
-          O::Store(Ei + (r * k + c) * W, a[r * C + k + c]);
+          O::Store(Ei + (r * k + c) * L, a[r * C + k + c]);
         });
       }
       Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
-        O::Store(Yi + (r * m + c) * W, a[r * C + 2 * k + c]);
+        O::Store(Yi + (r * m + c) * L, a[r * C + 2 * k + c]);
       });
     });
   }
 
-  // The forward sweep of a tile: chunks of kRows rows moved into the buffers, then each group
-  // of L lanes through them. ops: lower', diag', upper' (their sources), b; shift: the row of
-  // the source that row i of lower' and upper' read (-1, +1 transposed); x: prefetched to be
-  // written.
-  template <bool TR>
+  // The forward sweep of a tile: chunks of rows_ rows, and in each, group by group, the
+  // group's rows moved into the chunk buffers, then solved. ops: lower', diag', upper' (their
+  // sources), b; shift: the row of the source that row i of lower' and upper' read (-1, +1
+  // transposed); x: prefetched to be written.
   void Forward(int64_t w, int64_t next, const Operand<T>* ops, const int64_t* shift,
                const Operand<T>& x, T* E, T* Y, T* chunk, V* aug, Bits* masks) const {
     const int k = K(), m = M(), kk = k * k, km = k * m;
-    const int64_t N = pr_.N, W = pr_.W, G = (w + L - 1) / L;
-    const T* ptr[4];
-    int64_t rs[4];
+    const int64_t N = pr_.N, W = pr_.W, G = (w + L - 1) / L, Gs = groups_;
+    const int64_t chunk_rows = rows_;
     T* bufs[4];
+    int64_t rs[4];
     for (int o = 0, at = 0; o < 4; ++o) {
-      bufs[o] = chunk + at * kRows * W;
+      bufs[o] = chunk + at * chunk_rows * L;
       at += ops[o].E;
-      if (ops[o].row == 0) {  // one block for every row, moved once
-        Gather(ops[o], 0, 1, w, W, bufs[o]);
-        ptr[o] = bufs[o];
-        rs[o] = 0;
-      } else {
-        ptr[o] = bufs[o];
-        rs[o] = ops[o].E * W;
-      }
+      rs[o] = ops[o].row == 0 ? 0 : ops[o].E * L;  // 0: one block for every row
     }
     V local[kLocal ? KF * (2 * KF + MF) : 1];
     Bits local_masks[KF > 0 ? KF : 1];
@@ -490,39 +645,51 @@ class Block {
     Bits* win = KF > 0 ? local_masks : masks;
     // Rows of A' at which each operand is read: lower' from row 1, upper' to row N - 2.
     const int64_t first[4] = {1, 0, 0, 0}, end[4] = {N, N, N - 1, N};
-    auto prefetch = [&](int64_t i0) {
-      int64_t base_shift = 0, lanes = w;
-      if (i0 >= N) {  // the first rows of the tile after this one
-        if (next == 0) return;
-        i0 -= N;
-        base_shift = W;
-        lanes = next;
+    // Lanes along Q: the row kAhead rows on of every operand (and of x, to be written), asked
+    // for by each group for its own lanes as it goes (all at once, they would overflow the few
+    // buffers for misses); past the last row, the first rows of the tile after this one
+    // (`next` lanes, W on). (Lanes along P: Gather prefetches the next tile's rows.)
+    const bool by_rows = ops[3].lane == ops[3].E && !pr_.lanes_p;
+    auto prefetch = [&](int64_t i, int64_t s0) {
+      int64_t lanes = std::min<int64_t>(L, w - s0);
+      if (i >= N) {
+        if (i >= 2 * N) return;
+        i -= N;
+        s0 += W;
+        lanes = std::min<int64_t>(L, next - (s0 - W));
+        if (lanes <= 0) return;
       }
       for (int o = 0; o < 4; ++o) {
-        const Operand<T>& op = ops[o];
-        const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + kRows, end[o]);
-        Prefetch(op.base + base_shift * op.lane, op.lane, op.row, op.E, lo + shift[o], hi - lo,
-                 lanes, false);
+        if (i >= first[o] && i < end[o]) {
+          Prefetch(ops[o].base, ops[o].lane, ops[o].row, ops[o].E, i + shift[o], 1, s0, lanes,
+                   false);
+        }
       }
-      Prefetch(x.base + base_shift * x.lane, x.lane, x.row, x.E, i0,
-               std::min(kRows, N - i0), lanes, true);
+      Prefetch(x.base, x.lane, x.row, x.E, i, 1, s0, lanes, true);
     };
-    for (int64_t i0 = 0; i0 < N; i0 += kRows) {
-      const int64_t rows = std::min(kRows, N - i0);
-      prefetch(i0 + kAhead * kRows);
-      for (int o = 0; o < 4; ++o) {
-        if (rs[o] == 0) continue;
-        const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + rows, end[o]);
-        if (hi > lo) Gather(ops[o], lo + shift[o], hi - lo, w, W, bufs[o] + (lo - i0) * rs[o]);
-      }
+    for (int64_t i0 = 0; i0 < N; i0 += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, N - i0);
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t off = g * L;
+        const int64_t s0 = g * L, n = std::min<int64_t>(L, w - s0);
+        for (int o = 0; o < 4; ++o) {
+          const Operand<T> op{ops[o].base + s0 * ops[o].lane, ops[o].lane, ops[o].row, ops[o].E};
+          if (rs[o] == 0) {  // moved again for every group (of every chunk where there are many)
+            if (i0 == 0 || G > 1) Gather(op, 0, 1, n, L, 0, bufs[o]);
+            continue;
+          }
+          const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + rows, end[o]);
+          if (hi > lo) {
+            Gather(op, lo + shift[o], hi - lo, n, L, G == 1 ? next : 0,
+                   bufs[o] + (lo - i0) * rs[o]);
+          }
+        }
         for (int64_t jj = 0; jj < rows; ++jj) {
           const int64_t i = i0 + jj, prev = i > 0 ? i - 1 : 0;
-          Step<TR>(i == 0, i == N - 1, ptr[0] + jj * rs[0] + off, ptr[1] + jj * rs[1] + off,
-                   ptr[2] + jj * rs[2] + off, ptr[3] + jj * rs[3] + off,
-                   E + prev * kk * W + off, Y + prev * km * W + off, E + i * kk * W + off,
-                   Y + i * km * W + off, a, win);
+          if (by_rows && ahead_ >= 0) prefetch(i + ahead_, s0);
+          Step(i == 0, i == N - 1, bufs[0] + jj * rs[0], bufs[1] + jj * rs[1],
+               bufs[2] + jj * rs[2], bufs[3] + jj * rs[3], E + (prev * Gs + g) * kk * L,
+               Y + (prev * Gs + g) * km * L, E + (i * Gs + g) * kk * L,
+               Y + (i * Gs + g) * km * L, a, win);
         }
       }
     }
@@ -531,20 +698,19 @@ class Block {
   // x[i] = y[i] - E[i] x[i+1], from the second last row up, in place of y.
   void Backward(int64_t w, const T* E, T* Y) const {
     const int k = K(), m = M(), kk = k * k, km = k * m;
-    const int64_t N = pr_.N, W = pr_.W, G = (w + L - 1) / L;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t off = g * L;
-      for (int64_t i = N - 2; i >= 0; --i) {
-        const T* e = E + i * kk * W + off;
-        T* y = Y + i * km * W + off;
-        const T* x = y + km * W;
+    const int64_t N = pr_.N, G = (w + L - 1) / L, Gs = groups_;
+    for (int64_t i = N - 2; i >= 0; --i) {
+      for (int64_t g = 0; g < G; ++g) {
+        const T* e = E + (i * Gs + g) * kk * L;
+        T* y = Y + (i * Gs + g) * km * L;
+        const T* x = y + Gs * km * L;
         Range<KF>(0, k, [&](int r) __attribute__((always_inline)) {
           Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
-            V sum = O::Load(e + r * k * W) * O::Load(x + c * W);
+            V sum = O::Load(e + r * k * L) * O::Load(x + c * L);
             Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
-              sum += O::Load(e + (r * k + j) * W) * O::Load(x + (j * m + c) * W);
+              sum += O::Load(e + (r * k + j) * L) * O::Load(x + (j * m + c) * L);
             });
-            O::Store(y + (r * m + c) * W, O::Load(y + (r * m + c) * W) - sum);
+            O::Store(y + (r * m + c) * L, O::Load(y + (r * m + c) * L) - sum);
           });
         });
       }
@@ -587,17 +753,23 @@ class Block {
     const bool tr = pr_.transposed;
     const Operand<T> ops[4] = {tr ? upper : lower, diag, tr ? lower : upper, b};
     const int64_t shift[4] = {tr ? -1 : 0, 0, tr ? 1 : 0, 0};
-    if (tr) {
-      Forward<true>(w, next, ops, shift, x, E, Y, chunk, aug, masks);
-    } else {
-      Forward<false>(w, next, ops, shift, x, E, Y, chunk, aug, masks);
-    }
+    Forward(w, next, ops, shift, x, E, Y, chunk, aug, masks);
     Backward(w, E, Y);
-    Scatter(Y, N, w, W, out, blane, Q * km, km);
+    if (groups_ == 1) {
+      Scatter(Y, N, w, L, out, blane, Q * km, km);
+    } else {  // row by row, group by group
+      for (int64_t i = 0; i < N; ++i) {
+        for (int64_t s0 = 0; s0 < w; s0 += L) {
+          Scatter(Y + (i * groups_ + s0 / L) * km * L, 1, std::min<int64_t>(L, w - s0), L,
+                  out + i * Q * km + s0 * blane, blane, Q * km, km);
+        }
+      }
+    }
   }
 
   Problem pr_;
-  int64_t blocks_;
+  int64_t blocks_, groups_, rows_, ahead_;
+  int64_t rs_, cs_;  // strides of a block's rows and columns in a chunk (swapped: transposed)
 };
 
 template <typename T, class O, int KF, int MF, bool PIV>
@@ -623,18 +795,34 @@ void Dispatch(const Problem& pr) {
   }
 }
 
-// Choose the lanes and the tile width, then the kernel.
+// Choose the lanes and the tile width, then the kernel. `cache`: the bytes of a core's cache
+// that a tile's E and y should fit in (the planner's cpu_cache_bytes, half the L2).
 template <typename T>
-void Solve(Problem pr, bool pivoting) {
+void Solve(Problem pr, bool pivoting, int64_t cache) {
   constexpr bool real = std::is_floating_point_v<T>;
   const bool lanes_p = pr.Q == 1 || (pr.Q < 8 && pr.P > pr.Q);
   const int64_t lanes = lanes_p ? pr.P : pr.Q;
   constexpr int64_t vl = real ? VectorOps<std::conditional_t<real, T, float>>::L : 1;
   const bool vector = real && lanes >= std::max<int64_t>(2, vl / 4);
-  // Tiles: whole transposes of lanes (8), at least one vector; complex numbers and a handful
-  // of lanes: up to 16 lanes, one at a time.
   pr.lanes_p = lanes_p;
-  pr.W = vector ? std::max<int64_t>(vl, kBlock) : std::min<int64_t>(16, lanes);
+  if (!vector) {  // complex numbers and a handful of lanes: up to 16 lanes, one at a time
+    pr.W = std::min<int64_t>(16, lanes);
+  } else if (lanes_p) {  // whole transposes of lanes (8), one vector
+    pr.W = std::max<int64_t>(vl, kBlock);
+  } else {
+    // Contiguous lanes: as many as keep E and y in the cache (up to 512), so that each row
+    // of an operand is read in long runs; split over the cores where there are few tiles.
+    const int64_t unit = std::max<int64_t>(vl, kBlock);
+    const int64_t lane_bytes = pr.N * pr.K * (pr.K + pr.M) * static_cast<int64_t>(sizeof(T));
+    int64_t W = std::clamp<int64_t>(cache / std::max<int64_t>(1, lane_bytes), unit, 512);
+    W = std::min(W, (pr.Q + unit - 1) / unit * unit);
+    if (pr.P * ((pr.Q + W - 1) / W) < Cores()) {
+      W = std::max(unit, (pr.Q + Cores() - 1) / Cores());
+    }
+    pr.W = (W + unit - 1) / unit * unit;
+  }
+  if (vector && Knob("B_W", 0) > 0) pr.W = Knob("B_W", 0);
+  if (vector && !lanes_p && Knob("B_BUDGET", 0) > 0) { const int64_t unit = std::max<int64_t>(vl, kBlock); const int64_t lb = pr.N * pr.K * (pr.K + pr.M) * static_cast<int64_t>(sizeof(T)); int64_t W = std::max<int64_t>(unit, Knob("B_BUDGET", 0) / lb); W = std::min(W, (pr.Q + unit - 1) / unit * unit); pr.W = (W + unit - 1) / unit * unit; }
   if constexpr (real) {
     if (vector) {
       return pivoting ? Dispatch<T, VectorOps<T>, true>(pr)
@@ -647,7 +835,7 @@ void Solve(Problem pr, bool pivoting) {
 
 ffi::Error BlockImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                      ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x, int64_t kind,
-                     bool transposed) {
+                     bool transposed, int64_t cache) {
   const auto bd = b.dimensions(), xd = x->dimensions();
   if (bd.size() != 5 || xd.size() != 5) {
     return ffi::Error::InvalidArgument("tridiax: expected b and x of shape (P, N, Q, k, m)");
@@ -696,10 +884,10 @@ ffi::Error BlockImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer u
   pr.su = strides[2];
   const bool pivoting = kind == kPivoted;
   switch (x->element_type()) {
-    case ffi::DataType::F32: Solve<float>(pr, pivoting); break;
-    case ffi::DataType::F64: Solve<double>(pr, pivoting); break;
-    case ffi::DataType::C64: Solve<std::complex<float>>(pr, pivoting); break;
-    case ffi::DataType::C128: Solve<std::complex<double>>(pr, pivoting); break;
+    case ffi::DataType::F32: Solve<float>(pr, pivoting, cache); break;
+    case ffi::DataType::F64: Solve<double>(pr, pivoting, cache); break;
+    case ffi::DataType::C64: Solve<std::complex<float>>(pr, pivoting, cache); break;
+    case ffi::DataType::C128: Solve<std::complex<double>>(pr, pivoting, cache); break;
     default: return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
   }
   return ffi::Error::Success();
@@ -715,4 +903,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBlockCpu, BlockImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("kind")
-                                  .Attr<bool>("transposed"));
+                                  .Attr<bool>("transposed")
+                                  .Attr<int64_t>("cache"));
