@@ -326,6 +326,19 @@ def test_cuda_lowering_reads_broadcast_blocks_in_place(block_shape):
     assert not _unmasked(ir), _unmasked(ir)
 
 
+
+@pytest.mark.parametrize("k, m, triton", [(8, 1, False), (8, 8, False), (2, 8, True), (6, 1, True)])
+def test_cuda_default_backend_follows_the_block_size(k, m, triton):
+    # Blocks larger than PALLAS_BLOCK_LIMIT run XLA's loop on a GPU, whatever m is (the choice
+    # once read m, the last size of b, for k).
+    import tridiax
+
+    specs = [jax.ShapeDtypeStruct((50, 7, k, k), jnp.float32)] * 3 + [
+        jax.ShapeDtypeStruct((50, 7, k, m), jnp.float32)]
+    lowered = jax.jit(lambda *a: tridiax.solve_block_tridiagonal(*a, axis=0)).trace(
+        *specs).lower(lowering_platforms=("cuda",))
+    assert bool(triton_kernels(lowered)) == triton
+
 # --- GPU readiness: deviceless compile for an H100 (tests/gpu_aot.py) -------------------------
 # Skipped without the CUDA plugin (`python tests/gpu_aot.py --install`) unless
 # TRIDIAX_REQUIRE_GPU_AOT is set, as in test_gpu_compile.py. Each case compiles the kernel alone

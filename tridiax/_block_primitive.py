@@ -53,7 +53,7 @@ def to_pnq_blocks(x, axis: int, systems: tuple[int, ...]):
 def _lowering(platform: str):
     def solve(lower, diag, upper, b, *, axis, transposed, backend, kind):
         systems = _systems_shape(lower, diag, upper, b)
-        backend = backend or _backend.default_block_backend(platform, b.dtype, b.shape[-1])
+        backend = backend or _backend.default_block_backend(platform, b.dtype, diag.shape[-1])
         kernel = _backend.block_kernel(backend)
         blocks = [to_pnq_blocks(x, axis, systems) for x in (lower, diag, upper)]
         b_view = to_pnq_blocks(jnp.broadcast_to(b, systems + b.shape[-2:]), axis, systems)
