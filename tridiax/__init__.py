@@ -12,7 +12,6 @@ How `axis` and shapes are read, for all of them: README, "Shapes and axis".
 """
 
 import importlib
-import importlib.metadata
 
 from . import verify as verify
 from ._banded import solve_banded as solve_banded
@@ -33,8 +32,9 @@ from ._recurrence import indrnn as indrnn
 from ._recurrence import linear_recurrence as linear_recurrence
 from ._solve import solve_periodic_tridiagonal as solve_periodic_tridiagonal
 from ._solve import solve_tridiagonal as solve_tridiagonal
+from ._version import version as _version
 
-__version__ = importlib.metadata.version("tridiax")
+__version__ = _version()
 
 __all__ = [
     "Banded",

@@ -1,5 +1,8 @@
 """`python -m tridiax`: solve a batch on the default device, check it, time it.
 
+`python -m tridiax --info`: what this installation can run (versions, devices, the native CPU
+kernel, the backend of each operation on each dtype) and how to fix what it cannot.
+
 Solves `--batch` systems of `--n` rows (float32, systems along axis 0), checks a sample against
 scipy.linalg.solve_banded (tridiax.verify), and prints the device, the backend that ran and the
 time beside jax.lax.linalg.tridiagonal_solve. Exits non-zero if the check fails.
@@ -24,7 +27,15 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=100, help="rows per system")
     parser.add_argument("--batch", type=int, default=100_000, help="number of systems")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--info", action="store_true",
+                        help="print versions, devices, whether the native CPU kernel is built "
+                             "(or why not, and the fix) and the backend of each operation, then exit")
     args = parser.parse_args(argv)
+    if args.info:
+        from ._info import report
+
+        print(report())
+        return 0
 
     rng = np.random.default_rng(0)
     shape = (args.n, args.batch)

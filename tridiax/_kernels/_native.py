@@ -98,7 +98,9 @@ def _library_path() -> pathlib.Path:
             try:
                 _compile(compiler, built)
             except subprocess.CalledProcessError as err:
-                raise RuntimeError(f"building {_SOURCE.name} failed:\n{err.stderr}") from None
+                output = (err.stderr or err.stdout or "").strip() or "(no output)"
+                raise RuntimeError(f"building the kernels with {compiler} failed (exit status "
+                                   f"{err.returncode}):\n{output}") from None
             os.replace(built, path)  # atomic: concurrent builders race harmlessly
         _LOG.info("tridiax: built %s in %.1f s", path.name, time.perf_counter() - start)
     return path
@@ -118,24 +120,38 @@ def scan_rows(itemsize: int) -> int:
 
 
 @functools.cache
-def available() -> bool:
-    """Whether the native CPU kernel is built and registered (builds it on first call)."""
+def unavailable_reason() -> str | None:
+    """Why the native CPU kernel cannot run (None: it is built and registered; builds it on first
+    call): TRIDIAX_NATIVE=0, no compiler, or the compiler's error."""
     if os.environ.get("TRIDIAX_NATIVE", "1") == "0":
-        return False
+        return "TRIDIAX_NATIVE=0 turns it off"
     try:
         library = ctypes.cdll.LoadLibrary(str(_library_path()))
         for target, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
                                         platform="cpu")
     except (OSError, RuntimeError) as err:
+        return str(err)
+    return None
+
+
+def library_path() -> pathlib.Path | None:
+    """Where the built library is cached (None: not built)."""
+    return None if unavailable_reason() else _library_path()
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the native CPU kernel is built and registered (builds it on first call)."""
+    reason = unavailable_reason()
+    if reason is not None and os.environ.get("TRIDIAX_NATIVE", "1") != "0":
         warnings.warn(
-            f"tridiax: the native CPU kernel is unavailable ({err}); using the slower XLA "
-            "formulation on CPU.",
+            f"tridiax: the native CPU kernel is unavailable ({reason}); using the slower XLA "
+            "formulation on CPU (python -m tridiax --info says more).",
             RuntimeWarning,
             stacklevel=2,
         )
-        return False
-    return True
+    return reason is None
 
 
 _KINDS = {"thomas": 0, "factored": 1, "periodic": 2, "pivoted": 3}

@@ -1,0 +1,103 @@
+"""`python -m tridiax --info` and `import tridiax` from a source tree that is not installed."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import tridiax
+from tridiax._kernels import _native
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def _run(code_or_args, *, env=None, cwd=None, module=False):
+    cmd = [sys.executable, *(["-m", "tridiax", *code_or_args] if module else ["-c", code_or_args])]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd,
+                         env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _table(text, platform="cpu"):
+    """The backend table of `platform` as {operation: [backend per dtype]}."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"backends on {platform}"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("  ") or line.startswith("  why not"):
+            break
+        *name, f32, f64, c64, c128 = line.split()
+        rows[" ".join(name)] = [f32, f64, c64, c128]
+    return rows
+
+
+def test_info_reports_the_native_kernel_and_each_operations_backend():
+    text = _run(["--info"], module=True)
+    assert text.splitlines()[0] == f"tridiax {tridiax.__version__} ({ROOT / 'tridiax'})"
+    import jax
+
+    assert f"jax {jax.__version__}" in text
+    rows = _table(text)
+    if _native.available():
+        built = next(line for line in text.splitlines() if line.startswith("native CPU kernel"))
+        path = pathlib.Path(built.split("built, ", 1)[1])
+        assert path.is_file() and path == _native.library_path()
+    # Every row is what the lowering chooses; IndRNN with an activation the C++ kernel does not
+    # know, and complex tanh, run XLA's loop.
+    native = "native" if _native.available() else "xla"
+    assert rows["solve_tridiagonal (every kind)"] == [native] * 4
+    assert rows["solve_block_tridiagonal k=8"] == [native] * 4
+    assert rows["indrnn (tanh)"] == [native, native, "xla", "xla"]
+    assert rows["indrnn (your activation)"] == ["xla"] * 4
+    assert len(rows) == 7
+    assert "pallas_triton  cannot: Triton runs on CUDA and ROCm GPUs" in text
+
+
+@pytest.mark.parametrize("env, reason, fix", [
+    ({"TRIDIAX_NATIVE": "0"}, "TRIDIAX_NATIVE=0 turns it off", "unset TRIDIAX_NATIVE"),
+    ({"CXX": "/nonexistent/c++"}, "No such file or directory", "CXX=/nonexistent/c++ is not a program"),
+    ({"CXX": "false"}, "with false failed (exit status 1)", "the compiler's error is above"),
+])
+def test_info_says_why_the_native_kernel_is_missing_and_the_fix(env, reason, fix, tmp_path):
+    text = _run(["--info"], module=True, env={**env, "TRIDIAX_CACHE_DIR": str(tmp_path)})
+    line = next(i for i, s in enumerate(text.splitlines()) if s.startswith("native CPU kernel"))
+    status, why, *rest = text.splitlines()[line:]
+    hint = next(s for s in rest if not s.startswith("     "))
+    assert status.startswith("native CPU kernel: NOT AVAILABLE") and why.startswith("  why: ")
+    assert reason in why
+    assert hint.startswith("  fix: ") and fix in hint
+    assert _table(text)["solve_tridiagonal (every kind)"] == ["xla"] * 4
+
+
+_NO_METADATA = """
+import importlib.metadata as m, sys
+real = m.version
+def version(name):
+    if name == "tridiax":
+        raise m.PackageNotFoundError(name)
+    return real(name)
+m.version = version
+sys.path.insert(0, {tree!r})
+import tridiax
+assert tridiax.__file__.startswith({tree!r}), tridiax.__file__
+print(tridiax.__version__)
+"""
+
+
+@pytest.mark.parametrize("with_pyproject", [True, False])
+def test_import_from_a_source_tree_without_installed_metadata(tmp_path, with_pyproject):
+    # A vendored copy or a PYTHONPATH checkout: no dist-info for tridiax (simulated by
+    # importlib.metadata not knowing it). The version comes from pyproject.toml beside it.
+    shutil.copytree(ROOT / "tridiax", tmp_path / "tridiax",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if with_pyproject:
+        shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    version = _run(_NO_METADATA.format(tree=str(tmp_path)), cwd=tmp_path).strip()
+    import tomllib
+
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version == (f"{expected}+source" if with_pyproject else "0+unknown")

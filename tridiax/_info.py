@@ -1,0 +1,116 @@
+"""`python -m tridiax --info`: what this installation can run, and how to fix what it cannot.
+
+Prints the versions, the devices, whether the native CPU kernel is built (where, or the
+compiler's error), and for every platform present the backend each operation would run on each
+dtype, with the reason each other backend cannot.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import pathlib
+import platform as _platform
+import shutil
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from . import __version__, _backend
+from ._kernels import _native
+
+DTYPES = ("float32", "float64", "complex64", "complex128")
+
+# (name, how its backend is chosen): the rows of the backend table.
+OPERATIONS = (
+    ("solve_tridiagonal (every kind)", lambda p, dt: _backend.default_backend(p, dt)),
+    ("solve_banded", lambda p, dt: _backend.default_backend(p, dt)),
+    ("solve_block_tridiagonal k=2", lambda p, dt: _backend.default_block_backend(p, dt, 2)),
+    ("solve_block_tridiagonal k=8", lambda p, dt: _backend.default_block_backend(p, dt, 8)),
+    ("linear_recurrence", lambda p, dt: _backend.default_backend(p, dt, op="recurrence")),
+    ("indrnn (tanh)", lambda p, dt: _backend.default_backend(
+        p, dt, activation=jnp.tanh, op="recurrence")),
+    ("indrnn (your activation)", lambda p, dt: _backend.default_backend(
+        p, dt, activation=lambda v: v, op="recurrence")),
+)
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _native_lines() -> list[str]:
+    reason = _native.unavailable_reason()
+    if reason is None:
+        return [f"native CPU kernel: built, {_native.library_path()}"]
+    lines = ["native CPU kernel: NOT AVAILABLE, the XLA loops run instead (correct, slower)"]
+    lines += [f"  {'why: ' if i == 0 else '     '}{line}" for i, line in enumerate(reason.splitlines())]
+    cxx = os.environ.get("CXX")
+    if os.environ.get("TRIDIAX_NATIVE", "1") == "0":
+        lines.append("  fix: unset TRIDIAX_NATIVE to build and use it")
+    elif cxx and shutil.which(cxx) is None:
+        lines.append(f"  fix: CXX={cxx} is not a program found on PATH: point CXX at a C++17 "
+                     "compiler, or unset it to use c++ / g++")
+    elif shutil.which("c++") is None and shutil.which("g++") is None:
+        lines.append("  fix: install a C++17 compiler (Debian/Ubuntu: apt-get install g++; conda: "
+                     "conda install gxx) or point CXX at one, then run this again")
+    else:
+        lines.append("  fix: the compiler's error is above; CXX picks another compiler, "
+                     "TRIDIAX_CACHE_DIR another cache directory")
+    return lines
+
+
+def _backend_table(platform: str) -> list[str]:
+    width = max(len(name) for name, _ in OPERATIONS)
+    lines = [f"  {'operation':<{width}}  " + "  ".join(f"{d:<10}" for d in DTYPES)]
+    for name, choose in OPERATIONS:
+        cells = [choose(platform, jnp.dtype(d)) for d in DTYPES]
+        lines.append(f"  {name:<{width}}  " + "  ".join(f"{c:<10}" for c in cells))
+    return lines
+
+
+def _why_not(platform: str) -> list[str]:
+    lines = []
+    for backend in _backend.BACKENDS:
+        if backend == "pallas_interpret":
+            continue  # runs anywhere, slowly: for tests
+        reason = _backend.unavailable(backend, jnp.float32, platform=platform)
+        lines.append(f"  {backend:<14} " + ("can run" if reason is None else f"cannot: {reason}"))
+    return lines
+
+
+def report() -> str:
+    """The text `python -m tridiax --info` prints."""
+    with warnings.catch_warnings():  # the native kernel's warning: the report says it, and more
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _report()
+
+
+def _report() -> str:
+    here = pathlib.Path(__file__).parent
+    lines = [
+        f"tridiax {__version__} ({here})",
+        f"python {_platform.python_version()} ({sys.executable}), jax {jax.__version__}, "
+        f"jaxlib {_version('jaxlib')}, numpy {_version('numpy')}, scipy {_version('scipy')}, "
+        f"equinox {_version('equinox')}, lineax {_version('lineax')}",
+        f"machine: {_platform.machine()}, {os.cpu_count()} CPU cores",
+        "devices:",
+    ]
+    devices = jax.devices()
+    lines += [f"  {d.id}: {d.device_kind} ({d.platform})" for d in devices]
+    lines += _native_lines()
+    for platform in dict.fromkeys(["cpu", *(d.platform for d in devices)]):
+        lines.append(f"backends on {platform} (the first of {_backend.PREFERENCE.get(platform, ('xla',))} "
+                     "that can run the call; `backend=` overrides):")
+        lines += _backend_table(platform)
+        lines.append(f"  why not the others, on {platform} (float32):")
+        lines += _why_not(platform)
+    if not any(d.platform in _backend.GPU_PLATFORMS for d in devices):
+        lines.append("no GPU visible: for NVIDIA GPUs install jax[cuda12] (or cuda13), then "
+                     "jax.devices() lists them")
+    return "\n".join(lines)
