@@ -37,7 +37,8 @@ _BANDED_SOURCE = pathlib.Path(__file__).with_name("cpu_banded.cc")
 # Block-tridiagonal systems (TridiaxBlockCpu): a third translation unit.
 _BLOCK_SOURCE = pathlib.Path(__file__).with_name("cpu_block.cc")
 _SOURCES = (_SOURCE, _BANDED_SOURCE, _BLOCK_SOURCE)
-_HEADER = pathlib.Path(__file__).with_name("cpu_common.h")  # included by every source
+# Included by the sources: cpu_common.h by every one, cpu_lanes.h by the banded and block ones.
+_HEADERS = tuple(pathlib.Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_lanes.h"))
 _LOG = logging.getLogger("tridiax")
 # FFI target names and the C++ symbols behind them.
 _TARGETS = {
@@ -81,7 +82,7 @@ def _library_path() -> pathlib.Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     key = hashlib.sha256(
-        b"\0".join([*(path.read_bytes() for path in (*_SOURCES, _HEADER)),
+        b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
                     jax.__version__.encode(), _cpu_flags().encode(), compiler.encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()

@@ -1,7 +1,8 @@
-// Pieces shared by tridiax's two native CPU sources (cpu_kernels.cc, cpu_banded.cc): the pivot
-// magnitude, the 8x8 transpose that moves the rows of strided lanes, and the thread pool that
-// shares a kernel's tiles out over the cores. Included inside each source's anonymous namespace, after the
-// standard headers and <immintrin.h>: each translation unit keeps its own copy.
+// Pieces shared by tridiax's three native CPU sources (cpu_kernels.cc, cpu_banded.cc,
+// cpu_block.cc): the pivot magnitude, the 8x8 transpose that moves the rows of strided lanes,
+// and the thread pool that shares a kernel's tiles out over the cores. Included inside each
+// source's anonymous namespace, after the standard headers and <immintrin.h>: each translation
+// unit keeps its own copy.
 
 // The size LAPACK's gtsv and gbtrf compare to choose a pivot: |x| for real x, |Re x| + |Im x| (cabs1)
 // for complex x, which needs no square root.
