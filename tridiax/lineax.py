@@ -172,6 +172,7 @@ class Banded(lx.AbstractLinearSolver):
     graph-coloured Jacobian is); nothing checks it.
 
     **Fields** (static):
+
     - `l`, `u`: the numbers of sub- and super-diagonals (non-negative integers).
     - `pivoting` (default True): partial pivoting (row interchanges, as LAPACK's gbsv) for any
       nonsingular matrix; `False` eliminates without, for diagonally dominant or symmetric
