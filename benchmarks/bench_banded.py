@@ -1,6 +1,7 @@
 """Benchmark tridiax.solve_banded against SciPy, a dense solve and the memory floor.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_banded.py [--batch 100000] [--n 100]
+        [--json FILE]
 
 Pentadiagonal systems (l = u = 2 unless --l/--u say otherwise), float32 unless --dtype, in both
 layouts: (N, B) with axis=0 and (B, N) with axis=-1. Every method is first checked against
@@ -13,6 +14,7 @@ in this one run:
   scaled to the batch); SciPy has no batched banded solver (1.17: `ab` must be 2-d);
 - dense: jnp.linalg.solve on the (B, N, N) matrices (on --dense-systems systems, scaled);
 - grad: the solve plus the gradient of a scalar loss w.r.t. ab and b.
+--json writes the table as data (table "banded", ratios to the floor; see benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
-from _timing import cell, machine, timed  # benchmarks/ is on sys.path when run as a script
+from _timing import add_json_option, cell, machine, row, timed, write_rows  # benchmarks/ on sys.path
 
 import tridiax
 from tridiax import verify
@@ -72,7 +74,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--scipy-systems", type=int, default=2000)
     parser.add_argument("--dense-systems", type=int, default=2000)
+    add_json_option(parser)
     args = parser.parse_args()
+    data = []  # the table as data, for --json
     l, u, n, batch, dtype = args.l, args.u, args.n, args.batch, jnp.dtype(args.dtype)
     if dtype == jnp.float64:
         jax.config.update("jax_enable_x64", True)
@@ -95,6 +99,7 @@ def main():
 
         floor_s, floor_c, _ = timed(floor, ab, b, repeats=args.repeats)
         rows = [("fused floor", floor_s, floor_c, float("nan"))]
+        methods = [("floor", False, {})]  # the data file's method of each printed row
         for pivoting in (True, False):
             def solve(ab, b, pivoting=pivoting):
                 return tridiax.solve_banded((l, u), ab, b, axis=axis, pivoting=pivoting)
@@ -102,12 +107,14 @@ def main():
             seconds, compile_s, compiled = timed(solve, ab, b, repeats=args.repeats)
             error = sample_error(compiled(ab, b), ab, b, l, u, axis)
             rows.append((f"tridiax pivot={pivoting}", seconds, compile_s, error))
+            methods.append((f"tridiax pivoting={pivoting}", False, {"pivoting": pivoting}))
 
             def loss(ab, b, solve=solve):
                 return jnp.sum(jnp.sin(solve(ab, b)))
 
             grad_s, grad_c, _ = timed(jax.grad(loss, (0, 1)), ab, b, repeats=max(args.repeats // 2, 2))
             rows.append(("  fwd+grad", grad_s, grad_c, float("nan")))
+            methods.append((f"tridiax pivoting={pivoting}", True, {"pivoting": pivoting}))
         # SciPy, one call per system, on a subset; scaled to the batch.
         count = min(args.scipy_systems, batch)
         moved_ab = np.asarray(ab) if axis == -1 else np.moveaxis(np.asarray(ab), 1, 2)
@@ -117,6 +124,7 @@ def main():
             scipy.linalg.solve_banded((l, u), moved_ab[:, s], moved_b[s], check_finite=False)
         scipy_s = (time.perf_counter() - start) * batch / count
         rows.append((f"scipy loop (x{batch // count})", scipy_s, 0.0, float("nan")))
+        methods.append(("scipy loop", False, {"systems_timed": count}))
         # Dense LU on a subset of (B, N, N) matrices; scaled to the batch.
         count = min(args.dense_systems, batch)
         sub_ab, sub_b = jnp.asarray(moved_ab[:, :count]), jnp.asarray(moved_b[:count])
@@ -127,9 +135,16 @@ def main():
         dense_s, dense_c, _ = timed(dense_solve, sub_ab, sub_b, repeats=3)
         rows.append((f"dense LU (x{batch // count})", dense_s * batch / count, dense_c,
                      float("nan")))
-        for name, seconds, compile_s, error in rows:
+        methods.append(("dense LU", False, {"systems_timed": count}))
+        for (name, seconds, compile_s, error), (method, grad, extra) in zip(rows, methods):
             print(f"{layout:<16}{name:<22}{seconds * 1e3:>10.2f}{seconds / floor_s:>9.2f}"
                   f"{compile_s:>11.2f}{cell(error, '>10.1e')}")
+            data.append(row("banded", layout, method, shape=b.shape, axis=axis, dtype=dtype.name,
+                            grad=grad, ms=seconds * 1e3, error=error,
+                            compile_s=None if method == "scipy loop" else compile_s,
+                            ratio=seconds / floor_s, ratio_to="floor", bands=[l, u], **extra))
+    if args.json:
+        write_rows(args.json, data, {"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_pivoting.py [--batch 100000] [--n 100]
     python benchmarks/bench_pivoting.py --accuracy      # only the accuracy table (README)
+    (either one with --json FILE: also write the tables as data)
 
 Accuracy: for float32 and float64, N = 10, 1000 and 100000 (batches of 1000, 100 and 4
 systems along the last axis), diagonally dominant (|diag| in [2, 3], off-diagonals in [-1, 1]),
@@ -14,6 +15,9 @@ inputs, and the largest normwise backward error ||b - Ax|| / (||A|| ||x|| + ||b|
 Cost: tridiax.solve_tridiagonal with pivoting=True beside pivoting=False, (N, B) along axis 0
 and (B, N) along the last axis, float32 and float64, minimum of --repeats after a warm-up,
 compile time separately; the ratio is measured side by side in one run.
+
+--json writes the tables as data (tables "accuracy", with `error` and `backward_error`, and
+"cost"; see benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import cell, machine, timed  # noqa: E402  (benchmarks/ is on sys.path as a script)
+from _timing import add_json_option, cell, machine, row, timed, write_rows  # noqa: E402  (on sys.path)
 
 import tridiax  # noqa: E402
 from tridiax import verify  # noqa: E402
@@ -49,7 +53,7 @@ def matrices(n, systems, kind, seed=0):
     return lower, diag, upper, rhs
 
 
-def accuracy_table():
+def accuracy_table(rows):
     print("max relative error against scipy.linalg.solve_banded (max backward error), "
           "systems along the last axis")
     print(f"{'dtype':>8} {'N':>7} {'matrix':>10} {'no pivoting':>22} {'pivoting=True':>22}")
@@ -69,10 +73,14 @@ def accuracy_table():
                         backward = verify.relative_residual(*wide[:3], x, wide[3], axis=-1)
                     worst = lambda v: np.inf if not np.all(np.isfinite(v)) else np.max(v)  # noqa: E731
                     cells.append(f"{worst(forward):9.1e} ({worst(backward):7.1e})")
+                    rows.append(row("accuracy", f"N={n}, {kind}", f"tridiax pivoting={pivoting}",
+                                    shape=(systems, n), axis=-1, dtype=np.dtype(dtype).name,
+                                    error=worst(forward), backward_error=worst(backward),
+                                    pivoting=pivoting, matrix=kind))
                 print(f"{np.dtype(dtype).name:>8} {n:>7} {kind:>10} {cells[0]:>22} {cells[1]:>22}")
 
 
-def cost_table(batch, n, repeats):
+def cost_table(batch, n, repeats, rows):
     print(f"\ntime of one solve, {batch} systems of N = {n} (min of {repeats}; machine: "
           f"{machine()})")
     print(f"{'dtype':>8} {'layout':>16} {'no pivoting':>12} {'pivoting':>12} {'ratio':>7} "
@@ -95,6 +103,11 @@ def cost_table(batch, n, repeats):
                 times.append(best)
                 compiles.append(compile_s)
             layout = f"({n}, {batch}) ax0" if axis == 0 else f"({batch}, {n}) ax-1"
+            for pivoting, best, compile_s in zip((False, True), times, compiles):
+                rows.append(row("cost", layout, f"tridiax pivoting={pivoting}",
+                                shape=args[3].shape, axis=axis, dtype=np.dtype(dtype).name,
+                                ms=best * 1e3, compile_s=compile_s, ratio=best / times[0],
+                                ratio_to="tridiax pivoting=False", pivoting=pivoting))
             print(f"{np.dtype(dtype).name:>8} {layout:>16} {cell(1e3 * times[0], '>9.2f')} ms "
                   f"{cell(1e3 * times[1], '>9.2f')} ms {times[1] / times[0]:>6.2f}x "
                   f"{compiles[0]:>5.2f}/{compiles[1]:.2f}")
@@ -106,10 +119,14 @@ def main():
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--accuracy", action="store_true", help="only the accuracy table")
+    add_json_option(parser)
     args = parser.parse_args()
-    accuracy_table()
+    rows = []  # the tables as data, for --json
+    accuracy_table(rows)
     if not args.accuracy:
-        cost_table(args.batch, args.n, args.repeats)
+        cost_table(args.batch, args.n, args.repeats, rows)
+    if args.json:
+        write_rows(args.json, rows, {"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Benchmark the IndRNN recurrence h[t] = relu(w*h[t-1] + z[t]) and the linear recurrence.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_recurrence.py [--T 1000] [--F 1000 100000]
+        [--json FILE]
 
 The published IndRNN benchmark (T = 1000, F = 1000, float32, relu) compared a Python loop
 under jit, lax.scan and a one-kernel Pallas version. For each F this checks every method
@@ -13,6 +14,8 @@ w and z), minimum of --repeats after a warm-up, compile time separately, ratios 
   CPU it runs in interpret mode with a grid, which is not a production path, and is skipped
   for F > 1000);
 - tridiax.indrnn and tridiax.linear_recurrence.
+--json writes the tables as data (tables "recurrence" and "compile time"; a fwd+bwd row's ratio
+is to its own forward; see benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import cell, machine, timed  # benchmarks/ is on sys.path when run as a script
+from _timing import add_json_option, cell, machine, row, timed, write_rows  # benchmarks/ on sys.path
 from jax.experimental import pallas as pl
 
 import tridiax
@@ -80,7 +83,12 @@ def numpy_indrnn(w, z):
     return out
 
 
+# The data file's method names of the printed ones.
+METHODS = {"fused 2-read 1-write": "floor", "pallas (T, 1) block": "pallas (T, 1)"}
+
+
 def run(args):
+    rows = []  # the tables as data, for --json
     print(f"machine: {machine()}; float32, T={args.T}, min of {args.repeats} after warm-up")
     print(f"{'F':>7} {'method':<30}{'fwd ms':>9}{'fwd+bwd ms':>12}{'compile s':>11}"
           f"{'err':>9}{'fwd / fused':>13}{'fwd+bwd / fwd':>15}")
@@ -105,12 +113,20 @@ def run(args):
                 err = float(np.max(np.abs(np.asarray(compiled(w, z)) - reference)))
             if name.startswith("fused") or name.startswith("pallas"):  # no backward pass
                 floor = floor or t_fwd
-                t_bwd = float("nan")
+                t_bwd = c_bwd = float("nan")
             else:
-                t_bwd, _, _ = timed(with_grad(fn), w, z, repeats=args.repeats)
+                t_bwd, c_bwd, _ = timed(with_grad(fn), w, z, repeats=args.repeats)
             print(f"{F:>7} {name:<30}{t_fwd * 1e3:>9.2f}{cell(t_bwd * 1e3, '>12.2f')}"
                   f"{c_fwd:>11.2f}{cell(err, '>9.1e')}{t_fwd / floor:>12.2f}x"
                   f"{cell(t_bwd / t_fwd, '>14.2f')}")
+            method = METHODS.get(name, name)
+            common = dict(case=f"F={F}", shape=z.shape, axis=0, dtype="float32")
+            rows.append(row("recurrence", method=method, ms=t_fwd * 1e3, compile_s=c_fwd,
+                            error=err, ratio=t_fwd / floor, ratio_to="floor", **common))
+            if t_bwd == t_bwd:  # fwd+bwd: its ratio is to its own forward
+                rows.append(row("recurrence", method=method, grad=True, ms=t_bwd * 1e3,
+                                compile_s=c_bwd, ratio=t_bwd / t_fwd, ratio_to=method,
+                                **common))
 
     print(f"compile time (F = {args.F[0]}): python loop under jit vs tridiax, growing T")
     for T in args.loop_T:
@@ -119,11 +135,18 @@ def run(args):
         _, c_loop, _ = timed(python_loop_indrnn, w, z, repeats=1)
         _, c_ours, _ = timed(lambda w, z: tridiax.indrnn(w, z), w, z, repeats=1)
         print(f"  T={T:<6} python loop {c_loop:7.2f} s   tridiax.indrnn {c_ours:5.2f} s")
+        for method, compile_s in (("python loop", c_loop), ("tridiax.indrnn", c_ours)):
+            rows.append(row("compile time", f"T={T}", method, shape=z.shape, axis=0,
+                            dtype="float32", compile_s=compile_s))
     for T in (10, 1000, 100_000):
         z = jnp.zeros((T, 8), jnp.float32)
         _, c_ours, _ = timed(with_grad(lambda w, z: tridiax.indrnn(w, z)), jnp.zeros(8), z,
                              repeats=1)
         print(f"  T={T:<6} tridiax.indrnn forward+backward compile {c_ours:5.2f} s")
+        rows.append(row("compile time", f"T={T}", "tridiax.indrnn", shape=z.shape, axis=0,
+                        dtype="float32", grad=True, compile_s=c_ours))
+    if args.json:
+        write_rows(args.json, rows, {"args": vars(args)})
 
 
 if __name__ == "__main__":
@@ -132,4 +155,5 @@ if __name__ == "__main__":
     parser.add_argument("--F", type=int, nargs="+", default=[1000, 100_000])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--loop-T", type=int, nargs="+", default=[50, 100, 200])
+    add_json_option(parser)
     run(parser.parse_args())

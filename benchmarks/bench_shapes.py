@@ -1,7 +1,7 @@
 """Every shape against the memory floor: many short systems, few long ones, one very long one.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_shapes.py [--dtype float32 float64]
-        [--quick] [--only SUBSTRING] [--skip-lax] [--json FILE]
+        [--quick] [--only SUBSTRING ...] [--skip-lax] [--json FILE]
 
 For each shape (many short systems in both layouts, few long ones, one very long one, and
 recurrences of many, few and one long sequence) it checks tridiax
@@ -16,20 +16,21 @@ as the minimum of repeats after a warm-up, with compile time reported separately
   transposes a user would), or jax.lax.associative_scan for recurrences; forward and
   forward+grad.
 
-Every ratio is taken from timings in this one run. --json writes the rows as data.
+Every ratio is taken from timings in this one run. --json writes the table as data (one row
+per method and pass: tridiax, floor, lax or associative_scan, each forward and fwd+grad, with
+`ratio` to the forward floor; see benchmarks/_timing.py), which benchmarks/plot.py draws.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import machine  # benchmarks/ is on sys.path when run as a script
+from _timing import add_json_option, machine, row, write_rows  # benchmarks/ is on sys.path
 
 import tridiax
 from tridiax import verify
@@ -68,6 +69,15 @@ class Row:
     lax_grad_ms: float = float("nan")
     compile_s: float = float("nan")
     error: float = float("nan")
+    # Where they were measured (for the data file): the arrays' shape, axis and operation, and
+    # the compile times of the other columns.
+    shape: tuple = ()
+    axis: int = 0
+    op: str = "solve"
+    floor_compile_s: float = float("nan")
+    grad_compile_s: float = float("nan")
+    lax_compile_s: float = float("nan")
+    lax_grad_compile_s: float = float("nan")
 
     @property
     def vs_floor(self):
@@ -177,18 +187,36 @@ def run_shape(label, shape, axis, op, dtype, skip_lax):
             ref = scan_recurrence(axis)(*(jnp.asarray(np.asarray(v), jnp.float64) for v in data))
         error = relative_error(x, ref)
     del x
-    t_floor, _, _ = time_best(floor, data)
-    t_grad, _, grad = time_best(with_grad(fwd), data)
-    row = Row(label, jnp.dtype(dtype).name, t * 1e3, t_floor * 1e3, t_grad * 1e3,
-              compile_s=compile_s, error=error)
+    t_floor, floor_compile_s, _ = time_best(floor, data)
+    t_grad, grad_compile_s, grad = time_best(with_grad(fwd), data)
+    result = Row(label, jnp.dtype(dtype).name, t * 1e3, t_floor * 1e3, t_grad * 1e3,
+                 compile_s=compile_s, error=error, shape=tuple(shape), axis=axis, op=op,
+                 floor_compile_s=floor_compile_s, grad_compile_s=grad_compile_s)
     if not skip_lax:
-        row.lax_ms = time_best(baseline, data)[0] * 1e3
-        t_lax_grad, _, lax_grad = time_best(with_grad(baseline), data)
-        row.lax_grad_ms = t_lax_grad * 1e3
+        t_lax, result.lax_compile_s, _ = time_best(baseline, data)
+        result.lax_ms = t_lax * 1e3
+        t_lax_grad, result.lax_grad_compile_s, lax_grad = time_best(with_grad(baseline), data)
+        result.lax_grad_ms = t_lax_grad * 1e3
         # The two gradients agree (a check of tridiax's gradient against lax's).
         ours, theirs = grad(*data), lax_grad(*data)
-        row.error = max(row.error, max(relative_error(g, h) for g, h in zip(ours, theirs)))
-    return row
+        result.error = max(result.error, max(relative_error(g, h) for g, h in zip(ours, theirs)))
+    return result
+
+
+def data_rows(r):
+    """The data file's rows of one Row: tridiax, the floor and lax (associative_scan for a
+    recurrence), forward and fwd+grad, each with its ratio to the forward floor."""
+    baseline = "lax" if r.op == "solve" else "associative_scan"
+    common = dict(table="shapes", case=r.label, shape=list(r.shape), axis=r.axis, dtype=r.dtype,
+                  ratio_to="floor", op=r.op)
+    measured = [("tridiax", False, r.tridiax_ms, r.compile_s, r.error),
+                ("floor", False, r.floor_ms, r.floor_compile_s, float("nan")),
+                ("tridiax", True, r.grad_ms, r.grad_compile_s, float("nan")),
+                (baseline, False, r.lax_ms, r.lax_compile_s, float("nan")),
+                (baseline, True, r.lax_grad_ms, r.lax_grad_compile_s, float("nan"))]
+    return [row(method=method, grad=grad, ms=ms, compile_s=compile_s, error=error,
+                ratio=ms / r.floor_ms, **common)
+            for method, grad, ms, compile_s, error in measured if ms == ms]  # NaN: not run
 
 
 def fmt(value, spec):
@@ -213,9 +241,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", nargs="+", default=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="100x smaller shapes")
-    parser.add_argument("--only", default=None, help="only rows whose label contains this")
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="only rows whose label contains one of these")
     parser.add_argument("--skip-lax", action="store_true")
-    parser.add_argument("--json", default=None, help="write the rows to this file")
+    add_json_option(parser)
     args = parser.parse_args()
     jax.config.update("jax_enable_x64", True)  # float64 rows; float32 rows pass float32 arrays
     print(f"machine: {machine()}")
@@ -223,19 +252,16 @@ def main():
     rows = []
     for dtype in args.dtype:
         for label, shape, axis, op in SHAPES:
-            if args.only and args.only not in label:
+            if args.only and not any(text in label for text in args.only):
                 continue
             shape = QUICK.get(shape, shape) if args.quick else shape
             if args.quick:
                 label = f"{label} [quick: {shape}]"
-            row = run_shape(label, shape, axis, op, jnp.dtype(dtype), args.skip_lax)
-            rows.append(row)
-            print_rows([row])
+            result = run_shape(label, shape, axis, op, jnp.dtype(dtype), args.skip_lax)
+            rows.append(result)
+            print_rows([result])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "rows": [
-                dict(dataclasses.asdict(r), vs_floor=r.vs_floor, grad_vs_fwd=r.grad_vs_fwd,
-                     lax_vs_tridiax=r.lax_vs_tridiax) for r in rows]}, f, indent=1)
+        write_rows(args.json, [d for r in rows for d in data_rows(r)], {"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Scaling of sharded solves over host devices, and the bytes each solve communicates.
 
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_sharding.py [--devices 8]
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_sharding.py [--devices 8] [--json FILE]
 
 Starts JAX with --devices host CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count)
 unless more than one device is already there (GPUs), then for D = 1, 2, 4, ... devices times
@@ -14,6 +14,8 @@ unless more than one device is already there (GPUs), then for D = 1, 2, 4, ... d
 and reads the collectives of each compiled solve: the bytes one device receives per solve.
 On a 2-core CPU the "devices" share two cores, so the times are only indicative: they show
 the overheads (the partition method's 3 local solves and its reduced system), not a speedup.
+--json writes the table as data (table "sharding", one row per case and D, with `devices`,
+`efficiency`, `bytes_received` and `share`; see benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH", default=None,  # as _timing.add_json_option
+                        help="also write the table as data to PATH: JSON with `meta` (machine, "
+                             "jax, date, command) and `rows` (see benchmarks/_timing.py)")
     args = parser.parse_args()
     if "jax" not in sys.modules:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + f" --xla_force_host_platform_device_count={args.devices}")
     import jax
     import numpy as np
-    from _timing import machine  # imports jax: only after XLA_FLAGS is set
+    from _timing import machine, row, write_rows  # imports jax: only after XLA_FLAGS is set
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -65,6 +70,7 @@ def main():
         ("split axis, strong", lambda d: (256, 16384), P(None, "d")),
         ("split axis, weak", lambda d: (256, 4096 * d), P(None, "d")),
     ]
+    data = []  # the table as data, for --json
     print(f"{'case':>20} {'D':>3} {'shape':>15} {'ms':>9} {'efficiency':>11} "
           f"{'bytes in/device':>16} {'of its share':>13}")
     for label, shape_of, spec in rows:
@@ -79,6 +85,11 @@ def main():
             share = 4 * np.prod(shape) / devices
             print(f"{label:>20} {devices:>3} {str(shape):>15} {1e3 * seconds:>9.2f} "
                   f"{efficiency:>10.0%} {received:>16} {received / share:>12.2%}")
+            data.append(row("sharding", label, "tridiax", shape=shape, axis=-1, dtype="float32",
+                            ms=seconds * 1e3, devices=devices, efficiency=efficiency,
+                            bytes_received=int(received), share=float(received / share)))
+    if args.json:
+        write_rows(args.json, data, {"args": vars(args)})
 
 
 if __name__ == "__main__":

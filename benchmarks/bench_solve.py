@@ -1,6 +1,7 @@
 """Benchmark tridiax.solve_tridiagonal against jax.lax.linalg.tridiagonal_solve and the memory floor.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_solve.py [--batch 100000] [--n 100]
+        [--long-n 100000 1000000] [--compile-n 10 100 1000 10000] [--json FILE]
 
 For both layouts, (N, B) with axis=0 and (B, N) with axis=-1, it checks every method against
 tridiax.verify on a sample of systems, then times each (minimum of --repeats after a warm-up,
@@ -10,7 +11,8 @@ compile time reported separately) and prints ratios measured side by side in thi
 - grad: the solve plus the gradient of a scalar loss w.r.t. all four inputs.
 It also times few long systems ((N, B) = (10^5, 64) and (10^6, 64) along axis 0) against the
 fused op, reports compile time at growing N (it must stay flat) and, on a GPU, the fraction
-of memory bandwidth reached (5 arrays moved once).
+of memory bandwidth reached (5 arrays moved once). --json writes the three tables as data
+(tables "solve", "long systems" and "compile time"; see benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import cell, machine, timed  # benchmarks/ is on sys.path when run as a script
+from _timing import add_json_option, cell, machine, row, timed, write_rows  # benchmarks/ on sys.path
 
 import tridiax
 from tridiax import verify
@@ -63,7 +65,13 @@ def fused(lower, diag, upper, rhs):
     return lower * diag + upper * rhs
 
 
+# The data file's method names of the printed ones.
+METHODS = {"tridiax": ("tridiax", False), "lax.tridiagonal_solve": ("lax", False),
+           "fused 4-read 1-write": ("floor", False), "tridiax + grad": ("tridiax", True)}
+
+
 def run(args):
+    rows = []  # the tables as data, for --json
     dtype = jnp.dtype(args.dtype)
     device = jax.devices()[0]
     print(f"machine: {machine()}; dtype {dtype.name}, N={args.n}, B={args.batch}, "
@@ -94,6 +102,10 @@ def run(args):
             times[name] = t
             print(f"{layout:<16}{name:<22}{t * 1e3:>9.2f}{c:>11.2f}{cell(err, '>10.1e')}"
                   f"{t / times['tridiax']:>11.2f}x")
+            method, grad = METHODS.get(name, (name, False))
+            rows.append(row("solve", layout, method, shape=data[3].shape, axis=axis,
+                            dtype=dtype.name, grad=grad, ms=t * 1e3, compile_s=c, error=err,
+                            ratio=t / times["tridiax"], ratio_to="tridiax"))
         ref = times["tridiax"]
         if "lax.tridiagonal_solve" in times:
             print(f"  -> tridiax is {times['lax.tridiagonal_solve'] / ref:.1f}x faster than lax; "
@@ -106,21 +118,33 @@ def run(args):
                   f"{moved / ref / PEAK_BANDWIDTH[gpu]:.0%} of {gpu} peak")
 
     print("few long systems, (N, B) along axis 0 (each tile's scratch outgrows the cache):")
-    for n, batch in ((100_000, 64), (1_000_000, 64)):
+    for n in args.long_n:
+        batch = 64
         data = problem(n, batch, 0, dtype)
-        t, _, compiled = timed(lambda *a: tridiax.solve_tridiagonal(*a, axis=0), *data,
+        t, c, compiled = timed(lambda *a: tridiax.solve_tridiagonal(*a, axis=0), *data,
                                repeats=max(3, args.repeats // 2))
-        t_fused, _, _ = timed(fused, *data, repeats=max(3, args.repeats // 2))
+        t_fused, c_fused, _ = timed(fused, *data, repeats=max(3, args.repeats // 2))
+        err = check(compiled(*data), data, 0, 16)
         print(f"  N={n:<8} B={batch:<4} tridiax {t * 1e3:8.1f} ms, fused {t_fused * 1e3:7.1f} ms: "
-              f"{t / t_fused:5.1f}x the floor (rel err {check(compiled(*data), data, 0, 16):.1e})")
+              f"{t / t_fused:5.1f}x the floor (rel err {err:.1e})")
+        for method, seconds, compile_s, error in (("tridiax", t, c, err),
+                                                  ("floor", t_fused, c_fused, float("nan"))):
+            rows.append(row("long systems", f"N={n} B={batch}", method, shape=(n, batch), axis=0,
+                            dtype=dtype.name, ms=seconds * 1e3, compile_s=compile_s,
+                            error=error, ratio=seconds / t_fused, ratio_to="floor"))
 
     print("compile time of tridiax (must not grow with N):")
-    for n in (10, 100, 1000, 10000):
+    for n in args.compile_n:
         data = problem(n, 64, 0, dtype)
         _, c, _ = timed(lambda *a: tridiax.solve_tridiagonal(*a, axis=0), *data, repeats=1)
         _, cg, _ = timed(lambda *a: jax.grad(lambda *b: jnp.sum(
             tridiax.solve_tridiagonal(*b, axis=0)))(*a), *data, repeats=1)
         print(f"  N={n:<6} solve {c:.2f} s, grad {cg:.2f} s")
+        for grad, compile_s in ((False, c), (True, cg)):
+            rows.append(row("compile time", f"N={n}", "tridiax", shape=(n, 64), axis=0,
+                            dtype=dtype.name, grad=grad, compile_s=compile_s))
+    if args.json:
+        write_rows(args.json, rows, {"args": vars(args)})
 
 
 if __name__ == "__main__":
@@ -131,4 +155,9 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--backend", default=None, help="also time this tridiax backend")
     parser.add_argument("--skip-lax", action="store_true")
+    parser.add_argument("--long-n", type=int, nargs="+", default=[100_000, 1_000_000],
+                        help="N of the few long systems (64 of them)")
+    parser.add_argument("--compile-n", type=int, nargs="+", default=[10, 100, 1000, 10000],
+                        help="N of the compile-time sweep")
+    add_json_option(parser)
     run(parser.parse_args())

@@ -1,0 +1,178 @@
+"""The benchmarks write their tables as data (--json) and benchmarks/plot.py draws them.
+
+Each script runs at its smallest sizes in a subprocess; its JSON must have the documented
+structure (benchmarks/_timing.py) and hold the numbers the script printed, and plot.py must turn
+bench_shapes.py's JSON into a PNG.
+"""
+
+import datetime
+import importlib.util
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROW_KEYS = ["table", "case", "shape", "axis", "dtype", "method", "grad", "ms", "compile_s",
+            "error", "ratio", "ratio_to"]
+META_KEYS = {"schema", "script", "command", "date", "machine", "jax", "jaxlib", "platform",
+             "device", "device_count", "cpu_count", "glibc_tunables", "args"}
+
+
+def run(script, *args):
+    """stdout of `python benchmarks/<script> *args`, which must succeed."""
+    result = subprocess.run([sys.executable, f"benchmarks/{script}", *map(str, args)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def load(path, script):
+    """The data file at `path`, checked against the schema of benchmarks/_timing.py."""
+    data = json.loads(pathlib.Path(path).read_text())
+    assert set(data) == {"meta", "rows"}
+    meta, rows = data["meta"], data["rows"]
+    assert META_KEYS <= set(meta), META_KEYS - set(meta)
+    assert meta["schema"] == "tridiax-benchmark/1"
+    assert meta["script"] == script and script in meta["command"] and "--json" in meta["command"]
+    assert meta["jax"] == jax.__version__ and f"jax {jax.__version__}" in meta["machine"]
+    assert meta["platform"] == jax.devices()[0].platform
+    when = datetime.datetime.fromisoformat(meta["date"])
+    assert abs(datetime.datetime.now(datetime.UTC) - when) < datetime.timedelta(hours=1)
+    assert rows
+    for r in rows:
+        assert list(r)[:len(ROW_KEYS)] == ROW_KEYS, r
+        assert isinstance(r["table"], str) and isinstance(r["case"], str) and r["case"]
+        assert isinstance(r["method"], str) and isinstance(r["grad"], bool)
+        assert r["shape"] is None or all(isinstance(v, int) and v > 0 for v in r["shape"])
+        assert r["dtype"] in (None, "float32", "float64")
+        for key in ("ms", "compile_s", "error", "ratio"):
+            assert r[key] is None or (isinstance(r[key], float | int) and r[key] >= 0), (key, r)
+        assert (r["ratio"] is None) == (r["ratio_to"] is None), r
+        if r["ratio"] is not None:  # ms / ms of the forward row of `ratio_to`, same table, case
+            base = [b for b in rows if (b["table"], b["case"], b["dtype"], b["method"], b["grad"])
+                    == (r["table"], r["case"], r["dtype"], r["ratio_to"], False)]
+            assert len(base) == 1, r
+            assert math.isclose(r["ratio"], r["ms"] / base[0]["ms"], rel_tol=1e-9), (r, base)
+    return meta, rows
+
+
+def test_shapes_data_holds_the_printed_table_and_plots(tmp_path):
+    path = tmp_path / "data" / "shapes.json"  # a folder that does not exist yet
+    out = run("bench_shapes.py", "--quick", "--dtype", "float32", "--only",
+              "(N, B) = (100, 100 000)", "recurrence (T, F) = (1 000, 100 000)", "--json", path)
+    meta, rows = load(path, "bench_shapes.py")
+    assert f"machine: {meta['machine']}" in out.splitlines()
+    assert meta["args"]["quick"] is True and meta["args"]["dtype"] == ["float32"]
+    printed = [line.strip("|").split(" | ") for line in out.splitlines()
+               if line.startswith("| ") and not line.startswith("| data |")]
+    assert len(printed) == 2
+    # Five rows per shape, in the printed order: tridiax, floor, tridiax fwd+grad, and the
+    # baseline (lax for a solve, associative_scan for a recurrence) forward and fwd+grad.
+    assert len(rows) == 10
+    for cells, group in zip(printed, (rows[:5], rows[5:])):
+        label, dtype, ours, floor, vs_floor, lax, lax_vs, grad, grad_vs, lax_grad, comp, err = (
+            c.strip() for c in cells)
+        baseline = "lax" if "recurrence" not in label else "associative_scan"
+        by = {(r["method"], r["grad"]): r for r in group}
+        assert set(by) == {("tridiax", False), ("floor", False), ("tridiax", True),
+                           (baseline, False), (baseline, True)}
+        assert {r["case"] for r in group} == {label} and {r["dtype"] for r in group} == {dtype}
+        assert all(r["ratio_to"] == "floor" and r["table"] == "shapes" for r in group)
+        assert all(r["op"] == ("solve" if baseline == "lax" else "recurrence") for r in group)
+        assert group[0]["shape"] == [100, 1000] and group[0]["axis"] == 0
+        fwd = by["tridiax", False]
+        assert f"{fwd['ms']:.2f}" == ours
+        assert f"{by['floor', False]['ms']:.2f}" == floor
+        assert f"{fwd['ratio']:.2f}x" == vs_floor
+        assert f"{by[baseline, False]['ms']:.1f}" == lax
+        assert f"{by[baseline, False]['ms'] / fwd['ms']:.1f}x" == lax_vs
+        assert f"{by['tridiax', True]['ms']:.1f}" == grad
+        assert f"{by['tridiax', True]['ms'] / fwd['ms']:.2f}x" == grad_vs
+        assert f"{by[baseline, True]['ms']:.1f}" == lax_grad
+        assert f"{fwd['compile_s']:.2f}" == comp
+        assert f"{fwd['error']:.0e}" == err and fwd["error"] < 1e-4
+        assert all(r["compile_s"] > 0 for r in group)
+
+    png = tmp_path / "shapes.png"
+    assert f"wrote {png}" in run("plot.py", path, "-o", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000
+    import matplotlib.image
+
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 300 and image.shape[1] > 600
+    assert image[..., :3].std() > 0.05  # drawn on, not blank
+
+
+def test_plot_refuses_other_files(tmp_path):
+    spec = importlib.util.spec_from_file_location("benchmarks_plot", ROOT / "benchmarks" / "plot.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    wrong = tmp_path / "old.json"
+    wrong.write_text(json.dumps({"machine": "x", "rows": []}))
+    with pytest.raises(ValueError, match="schema"):
+        plot.load(wrong)
+    other = tmp_path / "banded.json"
+    other.write_text(json.dumps({"meta": {"schema": "tridiax-benchmark/1"},
+                                 "rows": [{"table": "banded"}]}))
+    with pytest.raises(ValueError, match="no rows of table 'shapes'"):
+        plot.load(other)
+
+
+def test_banded_data_holds_the_printed_table(tmp_path):
+    path = tmp_path / "banded.json"
+    out = run("bench_banded.py", "--n", 8, "--batch", 24, "--repeats", 2, "--scipy-systems", 4,
+              "--dense-systems", 4, "--json", path)
+    _, rows = load(path, "bench_banded.py")
+    printed = [line for line in out.splitlines() if line.startswith(("(N, B)", "(B, N)"))]
+    assert len(printed) == len(rows) == 14
+    methods = ["floor"] + [f"tridiax pivoting={p}" for p in (True, True, False, False)] + [
+        "scipy loop", "dense LU"]
+    grads = [False, False, True, False, True, False, False]
+    for line, r, method, grad in zip(printed, rows, methods * 2, grads * 2):
+        layout, cells = line[:16].strip(), line[38:].split()
+        assert (r["case"], r["method"], r["grad"], r["ratio_to"]) == (layout, method, grad, "floor")
+        assert r["shape"] == ([8, 24] if r["axis"] == 0 else [24, 8]) and r["bands"] == [2, 2]
+        assert f"{r['ms']:.2f}" == cells[0] and f"{r['ratio']:.2f}" == cells[1]
+        if r["compile_s"] is not None:
+            assert f"{r['compile_s']:.2f}" == cells[2]
+        if method.startswith("tridiax") and not grad:
+            assert f"{r['error']:.1e}" == cells[3] and r["error"] < 1e-5
+        else:
+            assert r["error"] is None and cells[3] == "-"
+
+
+def test_recurrence_data_holds_the_printed_table(tmp_path):
+    path = tmp_path / "recurrence.json"
+    out = run("bench_recurrence.py", "--T", 16, "--F", 8, "--repeats", 2, "--loop-T", 4,
+              "--json", path)
+    _, rows = load(path, "bench_recurrence.py")
+    printed = [line for line in out.splitlines() if line.startswith("      8 ")]
+    table = [r for r in rows if r["table"] == "recurrence"]
+    forward = [r for r in table if not r["grad"]]
+    assert len(printed) == len(forward) == 5
+    names = {"floor": "fused 2-read 1-write", "pallas (T, 1)": "pallas (T, 1) block"}
+    for line, r in zip(printed, forward):
+        fwd_ms, bwd_ms, compile_s, err, vs_floor, bwd_vs = line[38:].split()
+        assert line[8:38].strip() == names.get(r["method"], r["method"])
+        assert (r["case"], r["shape"], r["ratio_to"]) == ("F=8", [16, 8], "floor")
+        assert f"{r['ms']:.2f}" == fwd_ms and f"{r['ratio']:.2f}x" == vs_floor
+        assert f"{r['compile_s']:.2f}" == compile_s
+        assert err == ("-" if r["error"] is None else f"{r['error']:.1e}")
+        grad = [g for g in table if g["grad"] and g["method"] == r["method"]]
+        if bwd_ms == "-":
+            assert not grad
+        else:
+            assert len(grad) == 1 and grad[0]["ratio_to"] == r["method"]
+            assert f"{grad[0]['ms']:.2f}" == bwd_ms and f"{grad[0]['ratio']:.2f}" == bwd_vs
+    compiles = [r for r in rows if r["table"] == "compile time"]
+    assert [(r["case"], r["method"], r["grad"]) for r in compiles] == [
+        ("T=4", "python loop", False), ("T=4", "tridiax.indrnn", False),
+        ("T=10", "tridiax.indrnn", True), ("T=1000", "tridiax.indrnn", True),
+        ("T=100000", "tridiax.indrnn", True)]
+    assert all(r["ms"] is None and r["compile_s"] > 0 for r in compiles)
