@@ -20,7 +20,6 @@ Sharded operands are gathered by XLA (no custom partitioning yet): correct, not 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
@@ -46,8 +45,7 @@ def _abstract_eval(lower, diag, upper, b, *, axis, transposed, backend, kind):
 
 def to_pnq_blocks(x, axis: int, systems: tuple[int, ...]):
     """`x` (systems-compatible dims, then two block dims) as (P|1, N|1, Q|1, r, c)."""
-    view = jax.vmap(jax.vmap(lambda v: _layout.to_pnq(v, axis, systems), -1, -1), -1, -1)
-    return view(x)
+    return _layout.to_pnq(x, axis, systems, trailing=2)
 
 
 def _lowering(platform: str):

@@ -34,18 +34,22 @@ def _group_size(dims: tuple[int, ...], full: tuple[int, ...]) -> int | None:
     return None
 
 
-def to_pnq(x: Array, axis: int, full_shape: tuple[int, ...]) -> Array:
-    """View `x` (same rank as `full_shape`, broadcast-compatible) as (P|1, N|1, Q|1)."""
-    lead, trail = x.shape[:axis], x.shape[axis + 1 :]
+def to_pnq(x: Array, axis: int, full_shape: tuple[int, ...], *, trailing: int = 0) -> Array:
+    """View `x` as (P|1, N|1, Q|1), followed by its last `trailing` dimensions as they are (the
+    two dimensions of a block): its other dimensions have the rank of `full_shape` and broadcast
+    against it. One reshape, whatever `trailing` is (vmapping the view over trailing
+    dimensions instead makes XLA transpose the operand there and back)."""
+    axis = axis % len(full_shape)
+    tail = x.shape[x.ndim - trailing:]
+    dims = x.shape[: x.ndim - trailing]
+    lead, trail = dims[:axis], dims[axis + 1 :]
     full_lead, full_trail = full_shape[:axis], full_shape[axis + 1 :]
     p = _group_size(lead, full_lead)
     q = _group_size(trail, full_trail)
     if p is None or q is None:
-        target = (
-            (full_lead if p is None else lead) + (x.shape[axis],) + (full_trail if q is None else trail)
-        )
-        x = jnp.broadcast_to(x, target)
-        p = math.prod(x.shape[:axis]) if p is None else p
-        q = math.prod(x.shape[axis + 1 :]) if q is None else q
-    return x.reshape(p, x.shape[axis], q)
-
+        lead = full_lead if p is None else lead
+        trail = full_trail if q is None else trail
+        x = jnp.broadcast_to(x, lead + (dims[axis],) + trail + tail)
+        p = math.prod(lead) if p is None else p
+        q = math.prod(trail) if q is None else q
+    return x.reshape(p, dims[axis], q, *tail)
