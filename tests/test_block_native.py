@@ -247,18 +247,20 @@ def _block_shapes(shape):
 
 
 @pytest.mark.parametrize("shape", LAYOUTS, ids=str)
-@pytest.mark.parametrize("k", [2, 3, 4, 8])
-def test_layouts_and_broadcast_blocks(k, shape):
+@pytest.mark.parametrize("k, dtype", [(2, np.float32), (3, np.float32), (4, np.float32),
+                                      (8, np.float32), (1, np.float64), (2, np.float64)])
+def test_layouts_and_broadcast_blocks(k, dtype, shape):
+    # float64: 8 lanes a vector, blocks of 1 and 4 values (and b's 2 and 4) through the permutes.
     m = 1 if k % 2 else 2
     for i, shapes in enumerate(_block_shapes(shape)):
         kind = KINDS[i % 3]
         if kind == "block_hermitian":
             shapes = (shapes[0], shapes[1], shapes[0])
-        operands, clean = problem(kind, shape, k, m, shapes, dtype=np.float32, seed=i)
+        operands, clean = problem(kind, shape, k, m, shapes, dtype=dtype, seed=i)
         for transposed in (False, True):
             got = native(operands, kind, transposed)
-            assert got.shape == (*shape, k, m) and got.dtype == np.float32
-            assert_close(got, reference(clean, operands[-1], transposed), TOL[np.dtype(np.float32)])
+            assert got.shape == (*shape, k, m) and got.dtype == dtype
+            assert_close(got, reference(clean, operands[-1], transposed), TOL[np.dtype(dtype)])
 
 
 def test_many_systems_on_every_core():

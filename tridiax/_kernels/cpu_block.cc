@@ -18,10 +18,12 @@
 // Lanes and tiles, as in cpu_banded.cc: a *lane* is one system (p, q); a *tile* is W lanes
 // solved together, vectorised over lanes, L lanes (one vector register) per *group*. Lanes go
 // along Q, or along P for batch-first data (Q == 1). Either way a lane's block is k*k (k*m)
-// contiguous values, so chunks of rows are moved into a buffer (blocks' entries by lanes)
-// before they are used: by 8x8 transposes where a lane's values run on for 8 or more (each
-// lane's rows for batch-first data; blocks of k*k a multiple of 8 along Q), one by one
-// otherwise; the rows ahead are prefetched meanwhile. E and y of a tile stay in a per-thread
+// contiguous values, so chunks of rows are moved into a buffer (blocks' entries by lanes, for
+// the whole tile at once: each row of an operand is read in one run) before they are used: by
+// 8x8 transposes where a lane's values run on for 8 or more (each lane's rows for batch-first
+// data; blocks of k*k a multiple of 8 along Q), by AVX-512 permutes for blocks of fewer than 8
+// values along Q, one by one otherwise; the rows ahead are prefetched meanwhile (1.2-1.3x as
+// fast as moving each group's rows on its own). E and y of a tile stay in a per-thread
 // scratch of N x (k*k + k*m) x W values; x overwrites y in the backward sweep and goes out the
 // same way. Tiles along Q are as wide as keep that scratch in half the L2 cache (up to 512
 // lanes), so that every row of an operand is read in long runs (1 KB runs, 16 float64 lanes of
@@ -62,7 +64,6 @@ constexpr int64_t kAhead = 16;  // rows prefetched ahead of their reads
 
 #include "cpu_common.h"
 #include "cpu_lanes.h"
-static int64_t Knob(const char* name, int64_t dflt) { const char* v = std::getenv(name); return v ? std::atoll(v) : dflt; }  // EXPERIMENT
 
 // f(i) for i in [begin, end): unrolled over [0, N) when N > 0 (then end <= N, and the bounds
 // fold away where they are constants after unrolling), a loop otherwise.
@@ -107,30 +108,58 @@ class Small {
   static constexpr int L = 64 / static_cast<int>(sizeof(T));
   static constexpr int kMax = 7;  // largest E
 
-  // out[e * stride + s] = in[s * E + e], s < L, e < E.
-  static void In(const T* in, int E, T* out, int64_t stride) {
-    const I* idx = Table().in + Base(E) * L;
-    Vec v[kMax];
-    for (int j = 0; j < E; ++j) v[j] = LoadV(in + j * L);
-    for (int e = 0; e < E; ++e, idx += E * L) {
-      Vec o = Permute(LoadI(idx), v[0]);
-      for (int j = 1; j < E; ++j) o = Permute2(o, LoadI(idx + j * L), v[j]);
-      StoreV(out + e * stride, o);
-    }
+  // Lanes [0, w / L * L) of one row: out[e * stride + s] = in[s * E + e], e < E; returns the
+  // lanes moved (the rest go value by value).
+  static int64_t InRow(const T* in, int E, int64_t w, T* out, int64_t stride) {
+    return WithE(E, [&](auto e) { return Row<decltype(e)::value, true>(in, w, out, stride); });
   }
-  // out[s * E + e] = in[e * stride + s], s < L, e < E.
-  static void Out(const T* in, int64_t stride, int E, T* out) {
-    const I* idx = Table().out + Base(E) * L;
-    Vec u[kMax];
-    for (int e = 0; e < E; ++e) u[e] = LoadV(in + e * stride);
-    for (int j = 0; j < E; ++j, idx += E * L) {
-      Vec o = Permute(LoadI(idx), u[0]);
-      for (int e = 1; e < E; ++e) o = Permute2(o, LoadI(idx + e * L), u[e]);
-      StoreV(out + j * L, o);
-    }
+  // The reverse: out[s * E + e] = in[e * stride + s].
+  static int64_t OutRow(const T* in, int64_t stride, int E, int64_t w, T* out) {
+    return WithE(E, [&](auto e) { return Row<decltype(e)::value, false>(in, w, out, stride); });
   }
 
  private:
+  // E as a compile-time constant (1 .. kMax), so that a block's E vectors stay in registers
+  // (with E read at run time GCC moved them through a memcpy call to the stack, which took
+  // half the kernel's time).
+  template <typename F>
+  static int64_t WithE(int E, F&& f) {
+    switch (E) {
+      case 1: return f(std::integral_constant<int, 1>{});
+      case 2: return f(std::integral_constant<int, 2>{});
+      case 3: return f(std::integral_constant<int, 3>{});
+      case 4: return f(std::integral_constant<int, 4>{});
+      case 5: return f(std::integral_constant<int, 5>{});
+      case 6: return f(std::integral_constant<int, 6>{});
+      default: return f(std::integral_constant<int, 7>{});
+    }
+  }
+  // In: packed blocks (src) to rows of one entry each (dst, `stride` apart); Out: back.
+  template <int E, bool kIn>
+  static int64_t Row(const T* src, int64_t w, T* dst, int64_t stride) {
+    const int64_t whole = w / L * L;
+    const I* idx = (kIn ? Table().in : Table().out) + Base(E) * L;
+    for (int64_t s = 0; s < whole; s += L) {
+      Vec v[E], o[E];
+      if constexpr (kIn) {
+        for (int j = 0; j < E; ++j) v[j] = LoadV(src + s * E + j * L);
+      } else {
+        for (int e = 0; e < E; ++e) v[e] = LoadV(src + s + e * stride);
+      }
+      for (int x = 0; x < E; ++x) {
+        const I* at = idx + x * E * L;
+        o[x] = Permute(LoadI(at), v[0]);
+        for (int j = 1; j < E; ++j) o[x] = Permute2(o[x], LoadI(at + j * L), v[j]);
+      }
+      if constexpr (kIn) {
+        for (int e = 0; e < E; ++e) StoreV(dst + s + e * stride, o[e]);
+      } else {
+        for (int j = 0; j < E; ++j) StoreV(dst + s * E + j * L, o[j]);
+      }
+    }
+    return whole;
+  }
+
   using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
   using Vec = typename SmallVector<sizeof(T)>::type;
   static Vec LoadV(const T* p) {
@@ -262,9 +291,7 @@ void Gather(const Operand<T>& op, int64_t pos, int64_t rows, int64_t w, int64_t 
     }
 #if defined(__AVX512F__)
     if constexpr (SmallLanes<T>(1) > 0) {
-      if (small) {
-        for (; s1 + small <= w; s1 += small) Small<T>::In(in + s1 * E, E, out + s1, W);
-      }
+      if (small && s1 == 0) s1 = Small<T>::InRow(in, static_cast<int>(E), w, out, W);
     }
 #endif
     for (int64_t e = 0; e < E; ++e) {
@@ -310,9 +337,7 @@ void Scatter(const T* buf, int64_t rows, int64_t w, int64_t W, T* base, int64_t 
     }
 #if defined(__AVX512F__)
     if constexpr (SmallLanes<T>(1) > 0) {
-      if (small) {
-        for (; s1 + small <= w; s1 += small) Small<T>::Out(in + s1, W, E, out + s1 * E);
-      }
+      if (small && s1 == 0) s1 = Small<T>::OutRow(in, W, static_cast<int>(E), w, out);
     }
 #endif
     for (int64_t s = s1; s < w; ++s) {
@@ -388,26 +413,25 @@ class Block {
     const int64_t lanes = pr.lanes_p ? pr.P : pr.Q;
     blocks_ = (lanes + pr.W - 1) / pr.W;
     groups_ = pr.W / L;
-    // Rows per chunk of a group: lanes along P (one group a tile), as many as a core's cache
+    // Rows per chunk of the tile: lanes along P (one group a tile), as many as a core's cache
     // holds (up to all N), so that each lane's rows are read in long runs; along Q, where a
     // row's groups lie one after another, up to kRows as the L1 cache holds.
-    const int64_t row_bytes = pr.K * (3 * pr.K + pr.M) * L * static_cast<int64_t>(sizeof(T));
+    const int64_t row_bytes = pr.K * (3 * pr.K + pr.M) * pr.W * static_cast<int64_t>(sizeof(T));
     rows_ = pr.lanes_p ? std::clamp<int64_t>(kTileBytes / row_bytes, kRows, pr.N)
-                       : std::clamp<int64_t>(Knob("B_CHUNK", kChunkBytes) / row_bytes, 1, Knob("B_QROWS", kRows));
-    ahead_ = Knob("B_AHEAD", kAhead);
-    rs_ = pr.transposed ? L : pr.K * L;
-    cs_ = pr.transposed ? pr.K * L : L;
+                       : std::clamp<int64_t>(kChunkBytes / row_bytes, 1, kRows);
+    rs_ = pr.transposed ? pr.W : pr.K * pr.W;
+    cs_ = pr.transposed ? pr.K * pr.W : pr.W;
   }
 
   int64_t tiles() const { return blocks_ * (pr_.lanes_p ? pr_.Q : pr_.P); }
 
   // Per thread: the augmented matrix and pivot masks of one group (V values), E and y of the
-  // tile (N x k*k, N x k*m, group by group), and a chunk of rows_ rows of each operand for one
-  // group.
+  // tile (N x k*k, N x k*m, group by group), and a chunk of rows_ rows of each operand for the
+  // tile's W lanes.
   int64_t scratch_size() const {
     const int64_t k = K(), m = M(), W = pr_.W;
     return (k * (2 * k + m) + k) * L + pr_.N * (k * k + k * m) * W +
-           rows_ * (3 * k * k + k * m) * L;
+           rows_ * (3 * k * k + k * m) * W;
   }
 
   void Run(int64_t begin, int64_t end, T* scratch) const {
@@ -451,7 +475,7 @@ class Block {
         a[r * C + k + c] = last ? O::Zero() : O::Load(up + at(r, c));
       });
       Range<MF>(0, m, [&](int c) __attribute__((always_inline)) {
-        V s = O::Load(bb + (r * m + c) * L);
+        V s = O::Load(bb + (r * m + c) * pr_.W);
         if (!first) {
           V sum = O::Load(lo + at(r, 0)) * O::Load(Yp + c * L);
           Range<KF>(1, k, [&](int j) __attribute__((always_inline)) {
@@ -525,10 +549,11 @@ class Block {
     });
   }
 
-  // The forward sweep of a tile: chunks of rows_ rows, and in each, group by group, the
-  // group's rows moved into the chunk buffers, then solved. ops: lower', diag', upper' (their
-  // sources), b; shift: the row of the source that row i of lower' and upper' read (-1, +1
-  // transposed); x: prefetched to be written.
+  // The forward sweep of a tile: chunks of rows_ rows; each chunk's rows of every operand are
+  // moved into the chunk buffers for all the tile's lanes at once (entry e of row r at
+  // (r * E + e) * W + lane: a row of contiguous blocks is read in one run), then solved group
+  // by group. ops: lower', diag', upper' (their sources), b; shift: the row of the source that
+  // row i of lower' and upper' read (-1, +1 transposed); x: prefetched to be written.
   void Forward(int64_t w, int64_t next, const Operand<T>* ops, const int64_t* shift,
                const Operand<T>& x, T* E, T* Y, T* chunk, V* aug, Bits* masks) const {
     const int k = K(), m = M(), kk = k * k, km = k * m;
@@ -537,9 +562,9 @@ class Block {
     T* bufs[4];
     int64_t rs[4];
     for (int o = 0, at = 0; o < 4; ++o) {
-      bufs[o] = chunk + at * chunk_rows * L;
+      bufs[o] = chunk + at * chunk_rows * W;
       at += ops[o].E;
-      rs[o] = ops[o].row == 0 ? 0 : ops[o].E * L;  // 0: one block for every row
+      rs[o] = ops[o].row == 0 ? 0 : ops[o].E * W;  // 0: one block for every row
     }
     V local[kLocal ? KF * (2 * KF + MF) : 1];
     Bits local_masks[KF > 0 ? KF : 1];
@@ -547,19 +572,17 @@ class Block {
     Bits* win = KF > 0 ? local_masks : masks;
     // Rows of A' at which each operand is read: lower' from row 1, upper' to row N - 2.
     const int64_t first[4] = {1, 0, 0, 0}, end[4] = {N, N, N - 1, N};
-    // Lanes along Q: the row kAhead rows on of every operand (and of x, to be written), asked
-    // for by each group for its own lanes as it goes (all at once, they would overflow the few
-    // buffers for misses); past the last row, the first rows of the tile after this one
-    // (`next` lanes, W on). (Lanes along P: Gather prefetches the next tile's rows.)
+    // Lanes along Q: the rows kAhead rows on of every operand (and of x, to be written), for
+    // the tile's lanes; past the last row, the first rows of the tile after this one (`next`
+    // lanes, W on). (Lanes along P: Gather prefetches the next tile's rows.)
     const bool by_rows = ops[3].lane == ops[3].E && !pr_.lanes_p;
-    auto prefetch = [&](int64_t i, int64_t s0) {
-      int64_t lanes = std::min<int64_t>(L, w - s0);
+    auto prefetch = [&](int64_t i) {
+      int64_t s0 = 0, lanes = w;
       if (i >= N) {
-        if (i >= 2 * N) return;
+        if (i >= 2 * N || next <= 0) return;
         i -= N;
-        s0 += W;
-        lanes = std::min<int64_t>(L, next - (s0 - W));
-        if (lanes <= 0) return;
+        s0 = W;
+        lanes = next;
       }
       for (int o = 0; o < 4; ++o) {
         if (i >= first[o] && i < end[o]) {
@@ -571,27 +594,26 @@ class Block {
     };
     for (int64_t i0 = 0; i0 < N; i0 += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, N - i0);
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t s0 = g * L, n = std::min<int64_t>(L, w - s0);
-        for (int o = 0; o < 4; ++o) {
-          const Operand<T> op{ops[o].base + s0 * ops[o].lane, ops[o].lane, ops[o].row, ops[o].E};
-          if (rs[o] == 0) {  // moved again for every group (of every chunk where there are many)
-            if (i0 == 0 || G > 1) Gather(op, 0, 1, n, L, 0, bufs[o]);
-            continue;
-          }
-          const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + rows, end[o]);
-          if (hi > lo) {
-            Gather(op, lo + shift[o], hi - lo, n, L, G == 1 ? next : 0,
-                   bufs[o] + (lo - i0) * rs[o]);
-          }
+      if (by_rows) {
+        for (int64_t i = i0 + kAhead; i < i0 + kAhead + rows; ++i) prefetch(i);
+      }
+      for (int o = 0; o < 4; ++o) {
+        if (rs[o] == 0) {  // one block for every row: moved once
+          if (i0 == 0) Gather(ops[o], 0, 1, w, W, 0, bufs[o]);
+          continue;
         }
+        const int64_t lo = std::max(i0, first[o]), hi = std::min(i0 + rows, end[o]);
+        if (hi > lo) {
+          Gather(ops[o], lo + shift[o], hi - lo, w, W, next, bufs[o] + (lo - i0) * rs[o]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
         for (int64_t jj = 0; jj < rows; ++jj) {
           const int64_t i = i0 + jj, prev = i > 0 ? i - 1 : 0;
-          if (by_rows && ahead_ >= 0) prefetch(i + ahead_, s0);
-          Step(i == 0, i == N - 1, bufs[0] + jj * rs[0], bufs[1] + jj * rs[1],
-               bufs[2] + jj * rs[2], bufs[3] + jj * rs[3], E + (prev * Gs + g) * kk * L,
-               Y + (prev * Gs + g) * km * L, E + (i * Gs + g) * kk * L,
-               Y + (i * Gs + g) * km * L, a, win);
+          Step(i == 0, i == N - 1, bufs[0] + jj * rs[0] + g * L, bufs[1] + jj * rs[1] + g * L,
+               bufs[2] + jj * rs[2] + g * L, bufs[3] + jj * rs[3] + g * L,
+               E + (prev * Gs + g) * kk * L, Y + (prev * Gs + g) * km * L,
+               E + (i * Gs + g) * kk * L, Y + (i * Gs + g) * km * L, a, win);
         }
       }
     }
@@ -670,7 +692,7 @@ class Block {
   }
 
   Problem pr_;
-  int64_t blocks_, groups_, rows_, ahead_;
+  int64_t blocks_, groups_, rows_;
   int64_t rs_, cs_;  // strides of a block's rows and columns in a chunk (swapped: transposed)
 };
 
@@ -723,8 +745,6 @@ void Solve(Problem pr, bool pivoting, int64_t cache) {
     }
     pr.W = (W + unit - 1) / unit * unit;
   }
-  if (vector && Knob("B_W", 0) > 0) pr.W = Knob("B_W", 0);
-  if (vector && !lanes_p && Knob("B_BUDGET", 0) > 0) { const int64_t unit = std::max<int64_t>(vl, kBlock); const int64_t lb = pr.N * pr.K * (pr.K + pr.M) * static_cast<int64_t>(sizeof(T)); int64_t W = std::max<int64_t>(unit, Knob("B_BUDGET", 0) / lb); W = std::min(W, (pr.Q + unit - 1) / unit * unit); pr.W = (W + unit - 1) / unit * unit; }
   if constexpr (real) {
     if (vector) {
       return pivoting ? Dispatch<T, VectorOps<T>, true>(pr)
