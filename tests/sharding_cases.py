@@ -6,6 +6,8 @@ axes are split; when the solve (or time) axis is split, only the small boundary 
 the partition method, far below the size of the arrays.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,6 +164,19 @@ def test_split_solve_axis_gradients(kind, mesh, shape, axis, spec):
         assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
     assert_small_exchange(moved, shape, axis, split_devices(mesh, spec, axis, len(shape)),
                           values_per_system=6)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_split_solve_calls_no_lapack(grad):
+    # The reduced system is eliminated in XLA operations: a batched LAPACK getrf runs on
+    # XLA:CPU's intra-op pool and hung when every pool thread was a device in a collective.
+    mesh, (_, shape, axis, spec) = mesh_of("8"), SPLIT_CASES[0]
+    arrays = [jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))
+              for a in random_bands(shape, np.float64, seed=5) + ([np.ones(shape)] if grad else [])]
+    f = vjp_fn(solve_fn("pivoted", axis)) if grad else solve_fn("pivoted", axis)
+    text = jax.jit(f).lower(*arrays).compile().as_text()
+    targets = set(re.findall(r'custom_call_target="([^"]+)"', text))
+    assert "all-gather" in text and not [t for t in targets if "lapack" in t.lower()], targets
 
 
 def test_split_axis_with_a_shared_matrix_and_constant_bands():

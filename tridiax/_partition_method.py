@@ -35,6 +35,7 @@ import numpy as np
 from jax import Array, lax
 
 from ._dtypes import compute_dtype
+from ._kernels._xla_banded import magnitude
 from ._layout import broadcast_shape
 from ._periodic import is_periodic
 
@@ -110,12 +111,47 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
     reduced = jnp.broadcast_to(jnp.eye(2 * P, dtype=cdt), batch + (2 * P, 2 * P))
     reduced = reduced.at[..., rows, cols].add(values)
     ends_rhs = jnp.stack([y_first, y_last], axis=-1).reshape(batch + (2 * P,))
-    z = jnp.linalg.solve(reduced, ends_rhs[..., None])[..., 0]
+    z = solve_small(reduced, ends_rhs)
 
     r_before = lax.dynamic_index_in_dim(z, 2 * ((k - 1) % P) + 1, axis=-1, keepdims=False)
     l_after = lax.dynamic_index_in_dim(z, 2 * ((k + 1) % P), axis=-1, keepdims=False)
     x = y - v * jnp.expand_dims(r_before, axis) - w * jnp.expand_dims(l_after, axis)
     return x.astype(out_dtype)
+
+
+def solve_small(a: Array, b: Array) -> Array:
+    """x with a x = b for a batch of small dense systems, a (..., n, n) and b (..., n), by
+    Gaussian elimination with partial pivoting in plain XLA operations (a loop over the n
+    columns, vectorised over the batch).
+
+    Not `jnp.linalg.solve`: XLA:CPU runs a batched LAPACK getrf on its intra-op thread pool,
+    and when every thread of that pool is taken by a device waiting in a collective (several
+    devices per process, two cores), the getrf's work never runs and the program hangs."""
+    n = a.shape[-1]
+    ab = jnp.concatenate([a, b[..., None]], axis=-1)  # (..., n, n + 1)
+    rows = jnp.arange(n)
+
+    def eliminate(c, ab):
+        column = lax.dynamic_index_in_dim(ab, c, axis=-1, keepdims=False)  # (..., n)
+        p = jnp.argmax(jnp.where(rows >= c, magnitude(column), -1), axis=-1)  # first of equals
+        row_c = lax.dynamic_index_in_dim(ab, c, axis=-2, keepdims=True)
+        row_p = jnp.take_along_axis(ab, p[..., None, None], axis=-2)
+        is_c, is_p = (rows == c)[:, None], rows[:, None] == p[..., None, None]
+        ab = jnp.where(is_c, row_p, jnp.where(is_p, row_c, ab))  # rows c and p trade places
+        column = lax.dynamic_index_in_dim(ab, c, axis=-1, keepdims=False)
+        factor = jnp.where(rows > c, column / lax.dynamic_index_in_dim(column, c, -1), 0)
+        return ab - factor[..., None] * row_p
+
+    ab = lax.fori_loop(0, n, eliminate, ab)
+
+    def substitute(i, x):
+        c = n - 1 - i
+        row = lax.dynamic_index_in_dim(ab, c, axis=-2, keepdims=False)  # (..., n + 1)
+        known = jnp.sum(jnp.where(rows > c, row[..., :n] * x, 0), axis=-1)
+        value = (row[..., n] - known) / lax.dynamic_index_in_dim(row, c, -1, keepdims=False)
+        return jnp.where(rows == c, value[..., None], x)
+
+    return lax.fori_loop(0, n, substitute, jnp.zeros(ab.shape[:-1], ab.dtype))
 
 
 def recurrence_split(a, x, h0, *, names, devices: int, axis: int, reverse: bool, shifted: bool,
