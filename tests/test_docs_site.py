@@ -143,3 +143,12 @@ def test_code_on_each_page_runs(page):
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, f"docs/{page}:\n{proc.stderr[-3000:]}"
+
+
+def test_readme_links_to_pages_that_exist():
+    # The README is short and points to the pages: every relative link must resolve.
+    text = (ROOT / "README.md").read_text()
+    links = [t for t in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text) if "://" not in t]
+    assert len(links) >= 10
+    missing = [t for t in links if not (ROOT / t).exists()]
+    assert not missing, missing

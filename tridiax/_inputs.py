@@ -1,8 +1,8 @@
 """What the arguments of every tridiax call mean: dtypes, shapes and `axis`, checked in one place.
 
-The rules (README, "Shapes and axis"), the same for every entry point (`solve_tridiagonal`,
-`solve_periodic_tridiagonal`, `linear_recurrence`, `indrnn`, `LinearRecurrence`, `IndRNN`,
-`Tridiagonal`, `TDMA`, `TridiagonalFactorization`):
+The rules (documentation: docs/guides/tridiagonal.md, "Shapes and axis"), the same for every
+entry point (`solve_tridiagonal`, `solve_periodic_tridiagonal`, `linear_recurrence`, `indrnn`,
+`LinearRecurrence`, `IndRNN`, `Tridiagonal`, `TDMA`, `TridiagonalFactorization`):
 
 1. The arrays of a call broadcast together under NumPy's rules: an array with fewer
    dimensions is aligned with the others at the right, and a dimension of size 1 is repeated
@@ -43,7 +43,7 @@ import numpy as np
 
 from ._dtypes import is_supported
 
-_README = "See 'Shapes and axis' in tridiax's README."
+_SHAPES_DOC = "See 'Shapes and axis' in tridiax's documentation (docs/guides/tridiagonal.md)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _plan(signature, names, axis: int, along: str, x64: bool) -> Plan:
         raise ValueError(
             f"the shapes do not broadcast together: {described}. Every input must broadcast to "
             f"the shape of the solution under NumPy rules.{_other_axis_hint(shapes, axis, along)} "
-            f"{_README}"
+            f"{_SHAPES_DOC}"
         ) from None
     if shape[axis] == 0:
         raise ValueError(
@@ -244,14 +244,14 @@ def _check_alignment(shapes, names, axis: int, ndim: int, along: str) -> None:
         raise ValueError(
             f"{subject}. Aligned at the right (NumPy's rule), a {shape} array lies along "
             f"{numpy_axes}, where it does not fit. To lie along axis {axis}, pass {along_fix}. "
-            f"{_README}")
+            f"{_SHAPES_DOC}")
     constant = (1,) * (ndim - rank) + shape
     raise ValueError(
         f"{subject}. Aligned at the right (NumPy's rule), a {shape} array lies along "
         f"{numpy_axes} and is constant along the {along}; but its size {shape[axis - start]} "
         f"also matches axis {axis}, and tridiax does not guess which was meant. Constant along "
         f"the {along}: pass shape {constant} (jnp.reshape({example}, {constant})). Along axis "
-        f"{axis}: pass {along_fix}. {_README}")
+        f"{axis}: pass {along_fix}. {_SHAPES_DOC}")
 
 
 def _other_axis_hint(shapes, axis: int, along: str) -> str:
@@ -356,4 +356,4 @@ def check_operator_rank(owner, rhs_name: str, rhs) -> int:
         f"could then count in either (axis {axis} of {rhs_name} fits the operator too), and "
         f"tridiax does not guess. Build the operator with "
         + "; or with ".join(options) + ". A negative axis counts from the end, the same "
-        f"dimension of the bands and of any right-hand side. {_README}")
+        f"dimension of the bands and of any right-hand side. {_SHAPES_DOC}")
