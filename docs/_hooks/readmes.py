@@ -24,6 +24,7 @@ def _examples(text: str) -> str:
 
 
 def _performance(text: str) -> str:
+    text = text.replace("](data/", "](benchmarks/data/")
     return re.sub(r"\A# Benchmarks\b", "# Performance", text)
 
 
