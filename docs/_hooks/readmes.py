@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _examples(text: str) -> str:
     text = re.sub(r"\[`?(\w+\.py)`?\]\(\1\)", r"`examples/\1`", text)
+    # The table's command column goes on top of the "what it shows" cell: a narrow column of
+    # its own broke each command mid-word.
+    text = re.sub(r"^\| script \| command \| what it shows \|\n\|---\|---\|---\|$",
+                  "| script | command, and what it shows |\n|---|---|", text, flags=re.M)
+    text = re.sub(r"^\| (`examples/\w+\.py`) \| (`python [^`]+`) \| (.*) \|$", r"| \1 | \2<br>\3 |",
+                  text, flags=re.M)
     text = text.replace("](figures/", "](examples/figures/")
     return re.sub(r"^(##+ .*\(`(\w+)\.py`\))[ \t]*$", r"\1 {#\2}", text, flags=re.M)
 
