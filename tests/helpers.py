@@ -98,6 +98,11 @@ def numpy_loop(a, x, axis=0, reverse=False, initial=None, activation=lambda v: v
     return np.moveaxis(out, 0, axis)
 
 
+def wide(dtype):
+    """The float64/complex128 dtype the references compute in."""
+    return np.complex128 if np.issubdtype(np.dtype(dtype), np.complexfloating) else np.float64
+
+
 def assert_close(actual, expected, dtype, factor=1.0):
     actual = np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64)
     expected = np.asarray(expected)

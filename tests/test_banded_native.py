@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
+from helpers import wide
 
 from tridiax._kernels import _native, _xla_banded
 
@@ -30,11 +31,6 @@ TOL = {
     np.dtype(np.float64): 1e-12,
     np.dtype(np.complex128): 1e-12,
 }
-
-
-def wide(dtype):
-    """The float64/complex128 dtype the references compute in."""
-    return np.complex128 if np.issubdtype(np.dtype(dtype), np.complexfloating) else np.float64
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import wide
 
 import tridiax
 from tridiax._kernels import _native, _xla_block
@@ -30,11 +31,6 @@ TOL = {
     np.dtype(np.float64): 1e-13,
     np.dtype(np.complex128): 1e-13,
 }
-
-
-def wide(dtype):
-    """The float64/complex128 dtype the references compute in."""
-    return np.complex128 if np.issubdtype(np.dtype(dtype), np.complexfloating) else np.float64
 
 
 # ---------------------------------------------------------------------------------------------
