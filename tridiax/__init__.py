@@ -8,7 +8,7 @@ Solves: `solve_tridiagonal`, `solve_periodic_tridiagonal`, `solve_banded`, `solv
 `Banded`, `BandedFactorization`, `BlockTridiagonal`, `BlockTridiagonalFactorization`, and solvers (Equinox
 modules): `Tridiagonal`, `TDMA`, `TridiagonalFactorization`; recurrences: `linear_recurrence`,
 `indrnn`, `LinearRecurrence`, `IndRNN`; `BreakdownError` is what `check=True` raises.
-How `axis` and shapes are read, for all of them: documentation: docs/guides/tridiagonal.md, "Shapes and axis".
+How `axis` and shapes are read, for all of them: docs/guides/tridiagonal.md, "Shapes and axis".
 """
 
 import importlib

@@ -1,6 +1,6 @@
 """What the arguments of every tridiax call mean: dtypes, shapes and `axis`, checked in one place.
 
-The rules (documentation: docs/guides/tridiagonal.md, "Shapes and axis"), the same for every
+The rules (docs/guides/tridiagonal.md, "Shapes and axis"), the same for every
 entry point (`solve_tridiagonal`, `solve_periodic_tridiagonal`, `linear_recurrence`, `indrnn`,
 `LinearRecurrence`, `IndRNN`, `Tridiagonal`, `TDMA`, `TridiagonalFactorization`):
 

@@ -17,8 +17,8 @@ class LinearRecurrence(eqx.Module):
     """h[t] = a[t]*h[t-1] + x[t] along `axis` (see `tridiax.linear_recurrence`).
 
     `LinearRecurrence(axis=0, reverse=False)(a, x, initial=None, final_only=False)`: `axis`
-    is a dimension of the broadcast shape of `a` and `x`, as for every tridiax call (documentation:
-    docs/guides/tridiagonal.md, "Shapes and axis").
+    is a dimension of the broadcast shape of `a` and `x`, as for every tridiax call
+    (docs/guides/tridiagonal.md, "Shapes and axis").
     """
 
     axis: int = eqx.field(static=True, default=0)

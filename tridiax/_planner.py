@@ -13,7 +13,7 @@ Kernels receive decisions, they do not make them. Two decisions, one small funct
   sweeps together, and along which dimension of the (P, C, Q) lanes.
 
 What stays sequential: pivoted, factored and pivoted periodic solves, and nonlinear
-(IndRNN) recurrences are never chunked (documentation: docs/guides/long-systems.md); the planner says so with
+(IndRNN) recurrences are never chunked (docs/guides/long-systems.md); the planner says so with
 `chunkable`. A user overrides the chunk length with `chunk=` (`tridiax.TDMA(chunk=...)`):
 0 never chunks, an integer asks for chunks of about that many rows.
 """

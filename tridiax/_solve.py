@@ -42,7 +42,7 @@ def solve_tridiagonal(
       side with one matrix (read, never copied B times); a band of size 1 along `axis` is
       constant along the systems. Bands of shape `(N,)` lie along the last axis: for systems
       along axis 0 of an `(N, B)` right-hand side they must be `(N, 1)`, and the error says
-      so. documentation: docs/guides/tridiagonal.md, "Shapes and axis", has the whole rule.
+      so. The whole rule: docs/guides/tridiagonal.md, "Shapes and axis".
     - `axis`: the axis the systems lie along (negative counts from the end).
     - `pivoting`: eliminate with row interchanges (partial pivoting, one fill-in diagonal, as
       LAPACK's gtsv): accurate for any nonsingular matrix (backward error of order eps*N),
