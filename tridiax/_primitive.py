@@ -7,7 +7,8 @@ Why a primitive rather than custom_vjp/custom_linear_solve around a pallas_call:
   batch to the front);
 - differentiation is implicit: with x = A^{-1} b,
     d x = A^{-1} (d b - dA x)        (JVP: one more solve with the same bands)
-    b_bar = A^{-T} x_bar,  dA_bar = -b_bar * x (shifted)   (transpose: one transposed solve)
+    b_bar = A^{-T} x_bar,  dA_bar = -b_bar * x (shifted)   (transpose: one transposed solve;
+                                                         the product: `_band_product.py`)
   and the transposed solve is the same kernel reading the bands shifted (`transposed=True`),
   so reverse mode keeps only x and the bands, and second order composes from the same rules.
 
@@ -128,8 +129,11 @@ def _jvp(primals, tangents, *, axis, transposed, backend, kind, block, chunk):
             raise NotImplementedError(
                 "a factored solve is differentiated through the bands it was made from "
                 "(TridiagonalFactorization.solve), not through its factors")
-        terms.append(-_bands.matvec(lower_t, diag_t, upper_t, x, axis=axis,
-                                    transposed=transposed, periodic=_periodic.is_periodic(kind)))
+        # -(dA) x as a primitive whose transpose forms the band cotangents in one pass.
+        from ._band_product import band_product  # imports this module
+
+        terms.append(band_product(lower_t, diag_t, upper_t, x, axis=axis, transposed=transposed,
+                                  periodic=_periodic.is_periodic(kind), backend=backend))
     if not terms:
         return x, ad.Zero.from_primal_value(x)
     x_t = tridiagonal_solve_p.bind(lower, diag, upper, sum(terms[1:], terms[0]), **params)

@@ -36,6 +36,13 @@ from . import _jax_private
 _PARTITION = contextvars.ContextVar("tridiax_partition", default=False)
 
 
+def partitioning() -> bool:
+    """Whether a lowering registered by `register_lowering` runs for a program partitioned over
+    several devices (then `partitioned` wraps the kernel; an op that needs its neighbours along
+    the axis is better left to XLA's partitioner)."""
+    return _PARTITION.get()
+
+
 def register_lowering(primitive, fn: Callable, platform: str, *,
                       multiple_results: bool = False) -> None:
     """Register `mlir.lower_fun(fn)` as the primitive's lowering; `fn` may use `partitioned`.

@@ -46,6 +46,7 @@ _TARGETS = {
     "tridiax_chunk_ends_cpu": "TridiaxChunkEndsCpu",
     "tridiax_chunk_solve_cpu": "TridiaxChunkSolveCpu",
     "tridiax_factor_cpu": "TridiaxFactorCpu",
+    "tridiax_band_cotangents_cpu": "TridiaxBandCotangentsCpu",
     "tridiax_recurrence_cpu": "TridiaxRecurrenceCpu",
     "tridiax_recurrence_ends_cpu": "TridiaxRecurrenceEndsCpu",
     "tridiax_banded_cpu": "TridiaxBandedCpu",
@@ -219,6 +220,25 @@ def factor_pnq(l, d, u, *, out_dtype, tiling):
     out = jax.ShapeDtypeStruct(broadcast_shape(*operands), cdt)
     call = jax.ffi.ffi_call("tridiax_factor_cpu", (out,) * 3)
     return tuple(f.astype(out_dtype) for f in call(*operands, **_tile_attrs(tiling)))
+
+
+BAND_COTANGENT_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+def band_cotangents_pnq(g, x, *, transposed: bool, periodic: bool, present):
+    """The band cotangents of a solve's gradient along axis 1 of (P, N, Q) arrays `g` (b_bar)
+    and `x` (the solution) in one pass (`_band_product.py` states them): a tuple (lower, diag,
+    upper), each (P, N, Q), or None where `present` is False. Dtypes BAND_COTANGENT_DTYPES."""
+    _require()
+    if g.shape != x.shape or g.ndim != 3 or g.dtype != x.dtype:
+        raise ValueError(f"b_bar {g.shape} {g.dtype} and x {x.shape} {x.dtype} must be one "
+                         "(P, N, Q) shape and dtype")
+    # A band not asked for gets a one-element result, which the kernel leaves alone.
+    outs = tuple(jax.ShapeDtypeStruct(g.shape if want else (1, 1, 1), g.dtype)
+                 for want in present)
+    call = jax.ffi.ffi_call("tridiax_band_cotangents_cpu", outs)
+    results = call(g, x, transposed=bool(transposed), periodic=bool(periodic))
+    return tuple(r if want else None for r, want in zip(results, present))
 
 
 def _activation_code(activation) -> int | None:

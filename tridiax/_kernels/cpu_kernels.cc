@@ -1,6 +1,7 @@
 // tridiax's CPU kernels, as XLA FFI custom calls: tridiagonal solves (TridiaxThomasCpu), the
 // two sweeps of the in-device partition method (TridiaxChunkEndsCpu, TridiaxChunkSolveCpu), the
-// factorization A = L D V (TridiaxFactorCpu), and elementwise recurrences
+// factorization A = L D V (TridiaxFactorCpu), the band cotangents of a solve's gradient
+// (TridiaxBandCotangentsCpu), and elementwise recurrences
 // h[t] = act(a[t]*h[t-1] + x[t]) with their chunked sweep (TridiaxRecurrenceCpu,
 // TridiaxRecurrenceEndsCpu). Same algorithms, band conventions and (P, N, Q) view as the Pallas
 // kernels (_pallas_thomas.py states the kinds; _chunked.py the partition method).
@@ -1110,6 +1111,99 @@ class Factor {
   T* outs_[3];
 };
 
+// ---------------------------------------------------------------------------------------------
+// The band cotangents of a solve's gradient (tridiax/_band_product.py): with b_bar = A^{-T}
+// x_bar and x the solution, lower_bar[i] = -b_bar[i] x[i-1], diag_bar[i] = -b_bar[i] x[i],
+// upper_bar[i] = -b_bar[i] x[i+1] (zero where the neighbour is outside the system, or across
+// the corner when `periodic`); for a solve with A^T the roles of b_bar and x swap in the lower
+// and upper ones. One pass reading g = b_bar and x once and writing the cotangents asked for,
+// where XLA runs three loops that read both three times. Rows along N are Q values apart, so
+// the neighbours of flat index i within one system are i -/+ Q and every loop is contiguous.
+
+template <typename T>
+class BandCotangents {
+ public:
+  // outs: lower, diag, upper cotangents (nullptr: not asked for), each (P, N, Q).
+  BandCotangents(const T* g, const T* x, T* const* outs, int64_t P, int64_t N, int64_t Q,
+                 bool transposed, bool periodic)
+      : g_(g), x_(x), outs_{outs[0], outs[1], outs[2]}, P_(P), N_(N), Q_(Q),
+        transposed_(transposed), periodic_(periodic) {}
+
+  static constexpr int64_t kSpan = int64_t{1} << 14;  // values of one system per tile
+  int64_t spans() const { return (N_ * Q_ + kSpan - 1) / kSpan; }
+  int64_t tiles() const { return P_ * spans(); }
+  int64_t scratch_size() const { return 0; }
+
+  void Run(int64_t begin, int64_t end, T*) const {
+    const int64_t NQ = N_ * Q_;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t p = t / spans(), i0 = (t % spans()) * kSpan;
+      Span(p * NQ, i0, std::min(i0 + kSpan, NQ));
+    }
+  }
+
+ private:
+  // Flat indices [i0, i1) of the system starting at `base`.
+  void Span(int64_t base, int64_t i0, int64_t i1) const {
+    const int64_t Q = Q_, NQ = N_ * Q_, last = NQ - Q;  // row N-1 starts at `last`
+    const T* g = g_ + base;
+    const T* x = x_ + base;
+    // lower_bar[i] = -u[i] v[i-Q], upper_bar[i] = -u[i] v[i+Q]: (u, v) = (g, x) for A, and
+    // for A^T lower_bar[i] = -x[i] g[i-Q], upper_bar[i] = -x[i] g[i+Q].
+    const T* u = transposed_ ? x : g;
+    const T* v = transposed_ ? g : x;
+    T* lo = outs_[0] != nullptr ? outs_[0] + base : nullptr;
+    T* di = outs_[1] != nullptr ? outs_[1] + base : nullptr;
+    T* up = outs_[2] != nullptr ? outs_[2] + base : nullptr;
+    // Rows 1..N-2 of the span, where every neighbour is inside the system: one pass.
+    const int64_t m0 = std::min(std::max(i0, Q), i1), m1 = std::max(std::min(i1, last), m0);
+    if (lo != nullptr && di != nullptr && up != nullptr) {
+      NegProducts(lo + m0, di + m0, up + m0, g + m0, x + m0, u + m0, v + m0, Q, m1 - m0);
+    } else {
+      if (di != nullptr) NegProduct(di + m0, g + m0, x + m0, m1 - m0);
+      if (lo != nullptr) NegProduct(lo + m0, u + m0, v + m0 - Q, m1 - m0);
+      if (up != nullptr) NegProduct(up + m0, u + m0, v + m0 + Q, m1 - m0);
+    }
+    // Row 0 (before m0) and row N-1 (from m1): the corners when periodic, else zero.
+    for (const auto [r0, r1] : {std::pair{i0, m0}, std::pair{m1, i1}}) {
+      for (int64_t i = r0; i < r1; ++i) {
+        if (di != nullptr) di[i] = -(g[i] * x[i]);
+        if (lo != nullptr) {
+          lo[i] = i >= Q ? -(u[i] * v[i - Q]) : periodic_ && N_ > 1 ? -(u[i] * v[i + last]) : T(0);
+        }
+        if (up != nullptr) {
+          up[i] = i < last ? -(u[i] * v[i + Q]) : periodic_ && N_ > 1 ? -(u[i] * v[i - last]) : T(0);
+        }
+      }
+    }
+  }
+
+  // lo[i] = -(u[i] v[i-Q]), di[i] = -(g[i] x[i]), up[i] = -(u[i] v[i+Q]), i < n.
+  void NegProducts(T* __restrict__ lo, T* __restrict__ di, T* __restrict__ up,
+                   const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ u,
+                   const T* __restrict__ v, int64_t Q, int64_t n) const {
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      lo[i] = -(u[i] * v[i - Q]);
+      di[i] = -(g[i] * x[i]);
+      up[i] = -(u[i] * v[i + Q]);
+    }
+  }
+
+  // out[i] = -(a[i] * b[i]), i < n.
+  void NegProduct(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
+                  int64_t n) const {
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) out[i] = -(a[i] * b[i]);
+  }
+
+  const T* g_;
+  const T* x_;
+  T* outs_[3];
+  int64_t P_, N_, Q_;
+  bool transposed_, periodic_;
+};
+
 #if defined(TRIDIAX_VECTOR_SCAN)
 // One lane: its coefficients, inputs and gate at relative steps 0..len-1 (row strides 0 or 1),
 // its output (nullptr: none), `h` entering in scan order, `edge` the coefficient of the first
@@ -1479,6 +1573,41 @@ ffi::Error FactorImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer 
   return ok ? ffi::Error::Success() : Unsupported();
 }
 
+// g = b_bar and x, both (P, N, Q); three results, each (P, N, Q) when asked for, else of one
+// element (not written).
+ffi::Error BandCotangentsImpl(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> lo,
+                              ffi::Result<ffi::AnyBuffer> di, ffi::Result<ffi::AnyBuffer> up,
+                              bool transposed, bool periodic) {
+  auto dims = g.dimensions();
+  if (dims.size() != 3 || x.dimensions().size() != 3) {
+    return ffi::Error::InvalidArgument("tridiax: expected (P, N, Q)");
+  }
+  const int64_t P = dims[0], N = dims[1], Q = dims[2];
+  for (int k = 0; k < 3; ++k) {
+    if (x.dimensions()[k] != dims[k]) {
+      return ffi::Error::InvalidArgument("tridiax: b_bar and x differ in shape");
+    }
+  }
+  if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
+  const int64_t size = P * N * Q;
+  ffi::Result<ffi::AnyBuffer>* results[3] = {&lo, &di, &up};
+  void* raw[3];
+  for (int k = 0; k < 3; ++k) {
+    raw[k] = (*results[k])->element_count() == static_cast<size_t>(size)
+                 ? (*results[k])->untyped_data()
+                 : nullptr;
+  }
+  const bool ok = ForType(g.element_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* outs[3] = {static_cast<T*>(raw[0]), static_cast<T*>(raw[1]), static_cast<T*>(raw[2])};
+    RunTiles<T>(BandCotangents<T>(static_cast<const T*>(g.untyped_data()),
+                                  static_cast<const T*>(x.untyped_data()), outs, P, N, Q,
+                                  transposed, periodic),
+                size);
+  });
+  return ok ? ffi::Error::Success() : Unsupported();
+}
+
 bool IsComplex(ffi::DataType t) { return t == ffi::DataType::C64 || t == ffi::DataType::C128; }
 
 ffi::Error RecurrenceImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer h0,
@@ -1590,6 +1719,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxFactorCpu, FactorImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBandCotangentsCpu, BandCotangentsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<bool>("transposed")
+                                  .Attr<bool>("periodic"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceCpu, RecurrenceImpl,
                               ffi::Ffi::Bind()
