@@ -134,6 +134,24 @@ def test_indrnn_matches_numpy_loop(backend, name, T, F):
     assert_close(h_public, h, np.float64)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,axis", [((40, 37), 0), ((37, 40), -1), ((30, 3, 21), 0)])
+def test_indrnn_tanh_every_lane(dtype, shape, axis):
+    # The native kernel takes tanh a vector of lanes at a time (glibc's libmvec where it is
+    # linked) and the lanes past the last whole vector one by one: widths not a multiple of the
+    # vector, features along either axis, against the loop in float64.
+    rng = np.random.default_rng(len(shape))
+    features = np.delete(np.array(shape), axis % len(shape))
+    w = rng.uniform(-1, 1, tuple(features)).astype(dtype)
+    z = (3 * rng.standard_normal(shape)).astype(dtype)
+    w_along = np.expand_dims(w, axis)
+    h = tridiax.indrnn(w_along, z, axis=axis, activation=jnp.tanh)
+    expected = numpy_loop(np.broadcast_to(w_along, shape).astype(np.float64),
+                          z.astype(np.float64), axis=axis, activation=np.tanh)
+    assert h.dtype == dtype
+    assert_close(h, expected, dtype)
+
+
 @pytest.mark.parametrize("backend", RECURRENCE_BACKENDS)
 @pytest.mark.parametrize("activation", [None, "tanh", "relu"])
 @pytest.mark.parametrize("reverse", [False, True])

@@ -11,6 +11,7 @@ says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
 import hashlib
 import logging
@@ -62,10 +63,18 @@ def _cpu_flags() -> str:
     return next((line for line in text.splitlines() if line.startswith("flags")), "")
 
 
+@functools.cache
+def vector_math() -> bool:
+    """Whether glibc's vector math library (libmvec: vector tanh for IndRNN) can be linked."""
+    return platform.system() == "Linux" and ctypes.util.find_library("mvec") is not None
+
+
 def _compile(compiler: str, out: pathlib.Path) -> None:
     # -march=native: the library is cached per CPU (the key includes its feature flags).
     # The sources compile side by side (each takes a while), then link into one library.
     flags = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
+    if vector_math():
+        flags.append("-DTRIDIAX_LIBMVEC")
     objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
     jobs = [subprocess.Popen([*flags, "-c", str(source), "-o", str(obj)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -73,7 +82,8 @@ def _compile(compiler: str, out: pathlib.Path) -> None:
     for job, (stdout, stderr) in [(job, job.communicate()) for job in jobs]:
         if job.returncode:
             raise subprocess.CalledProcessError(job.returncode, job.args, stdout, stderr)
-    cmd = [compiler, "-shared", *map(str, objects), "-o", str(out), "-lpthread"]
+    cmd = [compiler, "-shared", *map(str, objects), "-o", str(out), "-lpthread",
+           *(["-lmvec"] if vector_math() else [])]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
@@ -84,7 +94,8 @@ def _library_path() -> pathlib.Path:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     key = hashlib.sha256(
         b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
-                    jax.__version__.encode(), _cpu_flags().encode(), compiler.encode()])
+                    jax.__version__.encode(), _cpu_flags().encode(), compiler.encode(),
+                    str(vector_math()).encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"
