@@ -134,6 +134,23 @@ def test_indrnn_matches_numpy_loop(backend, name, T, F):
     assert_close(h_public, h, np.float64)
 
 
+@pytest.mark.parametrize("dtype,ulps", [(np.float32, 8), (np.float64, 4)])
+def test_indrnn_tanh_is_accurate_everywhere(dtype, ulps):
+    # With w = 0 every step is tanh(z): the kernel's tanh (a rational approximation in float32,
+    # glibc's vector tanh or libm's in float64) against NumPy's, in units in the last place,
+    # over [-12, 12] (both sides of the clamp at 7.9), tiny values, zero, infinities and NaN.
+    grid = np.concatenate([np.linspace(-12, 12, 20_001), np.geomspace(1e-30, 1e-2, 500),
+                           -np.geomspace(1e-30, 1e-2, 500), [0.0, -0.0, 3e-4, 5e-4]])
+    z = grid.astype(dtype).reshape(-1, 1) * np.ones((1, 19), dtype)  # 19 lanes: a ragged vector
+    h = np.asarray(tridiax.indrnn(np.zeros((19, 1), dtype), z.T, axis=-1, activation=jnp.tanh)).T
+    expected = np.tanh(z.astype(np.float64))
+    spacing = np.spacing(np.maximum(np.abs(expected), np.finfo(dtype).tiny).astype(dtype))
+    assert np.max(np.abs(h - expected) / spacing) <= ulps
+    special = np.array([[np.inf, -np.inf, np.nan]], dtype)
+    out = np.asarray(tridiax.indrnn(np.zeros(1, dtype), special.T, activation=jnp.tanh)).ravel()
+    assert out[0] == 1 and out[1] == -1 and np.isnan(out[2])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape,axis", [((40, 37), 0), ((37, 40), -1), ((30, 3, 21), 0)])
 def test_indrnn_tanh_every_lane(dtype, shape, axis):

@@ -47,8 +47,9 @@ def _version(package: str) -> str:
 def _native_lines() -> list[str]:
     reason = _native.unavailable_reason()
     if reason is None:
-        tanh = ("glibc's vector tanh (libmvec)" if _native.vector_math()
-                else "libm's scalar tanh (no libmvec found: tanh IndRNNs run ~10x slower)")
+        tanh = ("float32 vectorized, float64 glibc's vector tanh (libmvec)"
+                if _native.vector_math() else
+                "float32 vectorized, float64 libm's scalar tanh (no libmvec found: ~10x slower)")
         return [f"native CPU kernel: built, {_native.library_path()}",
                 f"native IndRNN tanh: {tanh}"]
     lines = ["native CPU kernel: NOT AVAILABLE, the XLA loops run instead (correct, slower)"]

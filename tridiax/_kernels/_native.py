@@ -65,7 +65,7 @@ def _cpu_flags() -> str:
 
 @functools.cache
 def vector_math() -> bool:
-    """Whether glibc's vector math library (libmvec: vector tanh for IndRNN) can be linked."""
+    """Whether glibc's vector math library (libmvec: the float64 tanh of IndRNN) can be linked."""
     return platform.system() == "Linux" and ctypes.util.find_library("mvec") is not None
 
 
