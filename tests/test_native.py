@@ -46,3 +46,26 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
     assert "building" not in run(fresh, quiet, CXX=str(compiler))
     assert list(fresh.glob("cpu_kernels-*.so"))
     assert "building the native CPU kernel" in run(tmp_path / "loud", CXX=str(compiler))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="libmvec is glibc's")
+def test_a_build_that_cannot_link_libmvec_builds_without_it(tmp_path):
+    # A stand-in compiler that fails whatever asks for libmvec: the kernel is built again
+    # without it, with one warning saying so, and solves.
+    from tridiax._kernels import _native
+
+    if _native._vector_math_library() is None:
+        pytest.skip("no libmvec on this machine: nothing to fall back from")
+    assert _native.available(), "the native kernel could not be built: python -m tridiax --info"
+    compiler = tmp_path / "compiler"
+    compiler.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in -DTRIDIAX_LIBMVEC|-l:libmvec*) '
+        'echo "no libmvec here" >&2; exit 1;; esac; done\n'
+        'out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\n'
+        f'case "$out" in *.so) cp "{_native.library_path()}" "$out";; *) : > "$out";; esac\n')
+    compiler.chmod(0o755)
+    err = run(tmp_path / "cache", CXX=str(compiler))
+    fallbacks = [line for line in err.splitlines() if "building without it" in line]
+    assert len(fallbacks) == 1 and "no libmvec here" in fallbacks[0], err
+    assert list((tmp_path / "cache").glob("cpu_kernels-*.so"))

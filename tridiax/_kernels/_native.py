@@ -64,16 +64,19 @@ def _cpu_flags() -> str:
 
 
 @functools.cache
-def vector_math() -> bool:
-    """Whether glibc's vector math library (libmvec: the float64 tanh of IndRNN) can be linked."""
-    return platform.system() == "Linux" and ctypes.util.find_library("mvec") is not None
+def _vector_math_library() -> str | None:
+    """glibc's vector math library (libmvec, glibc >= 2.35: the float64 tanh of IndRNN), by the
+    name the linker takes (`libmvec.so.1`), or None where there is none."""
+    if platform.system() != "Linux":
+        return None
+    return ctypes.util.find_library("mvec")
 
 
-def _compile(compiler: str, out: pathlib.Path) -> None:
+def _compile(compiler: str, out: pathlib.Path, *, vector_math: str | None) -> None:
     # -march=native: the library is cached per CPU (the key includes its feature flags).
     # The sources compile side by side (each takes a while), then link into one library.
     flags = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
-    if vector_math():
+    if vector_math:
         flags.append("-DTRIDIAX_LIBMVEC")
     objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
     jobs = [subprocess.Popen([*flags, "-c", str(source), "-o", str(obj)], stdout=subprocess.PIPE,
@@ -83,8 +86,21 @@ def _compile(compiler: str, out: pathlib.Path) -> None:
         if job.returncode:
             raise subprocess.CalledProcessError(job.returncode, job.args, stdout, stderr)
     cmd = [compiler, "-shared", *map(str, objects), "-o", str(out), "-lpthread",
-           *(["-lmvec"] if vector_math() else [])]
+           *([f"-l:{vector_math}"] if vector_math else [])]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def _build(compiler: str, out: pathlib.Path) -> None:
+    """Build with libmvec where there is one; where that build fails, without it."""
+    vector_math = _vector_math_library()
+    if vector_math:
+        try:
+            return _compile(compiler, out, vector_math=vector_math)
+        except subprocess.CalledProcessError as err:
+            _LOG.warning("tridiax: building with glibc's %s failed (%s); building without it "
+                         "(float64 tanh IndRNNs then take libm's scalar tanh)", vector_math,
+                         (err.stderr or "").strip()[:200] or f"exit status {err.returncode}")
+    _compile(compiler, out, vector_math=None)
 
 
 @functools.cache
@@ -95,7 +111,7 @@ def _library_path() -> pathlib.Path:
     key = hashlib.sha256(
         b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
                     jax.__version__.encode(), _cpu_flags().encode(), compiler.encode(),
-                    str(vector_math()).encode()])
+                    str(_vector_math_library()).encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"
@@ -109,7 +125,7 @@ def _library_path() -> pathlib.Path:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             built = pathlib.Path(tmp) / path.name
             try:
-                _compile(compiler, built)
+                _build(compiler, built)
             except subprocess.CalledProcessError as err:
                 output = (err.stderr or err.stdout or "").strip() or "(no output)"
                 raise RuntimeError(f"building the kernels with {compiler} failed (exit status "
@@ -130,6 +146,17 @@ def scan_rows(itemsize: int) -> int:
     function.restype = ctypes.c_int64
     function.argtypes = [ctypes.c_int64]
     return int(function(itemsize))
+
+
+@functools.cache
+def vector_math() -> bool:
+    """Whether the built kernel takes float64 tanh from glibc's vector math library (libmvec);
+    False where the kernel is not built, or was built without it."""
+    if not available():
+        return False
+    function = ctypes.cdll.LoadLibrary(str(_library_path())).TridiaxVectorMath
+    function.restype = ctypes.c_int64
+    return bool(function())
 
 
 @functools.cache

@@ -1827,3 +1827,13 @@ extern "C" int64_t TridiaxScanRows(int64_t itemsize) {
   (void)itemsize;
   return 0;
 }
+
+// Whether float64 tanh comes from glibc's vector math library (tridiax/_kernels/_native.py
+// builds with it where it links).
+extern "C" int64_t TridiaxVectorMath() {
+#if defined(TRIDIAX_LIBMVEC) && defined(__AVX2__)
+  return 1;
+#else
+  return 0;
+#endif
+}
