@@ -78,6 +78,34 @@ def test_chunked_gradients_match_unchunked(periodic, dtype):
     assert rel_err(*jvp) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("periodic", [False, True], ids=["plain", "periodic"])
+@pytest.mark.parametrize("bands_shape", ["per_system", "shared", "constant"])
+def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, periodic, dtype):
+    """Chunks whose rows are contiguous (systems along the last axis) and long enough (two
+    vectors of interior rows) take the scanned last sweep (cpu_kernels.cc,
+    ScanChunkSolveTile): the solve and, through the gradient, the transposed solve, against
+    scipy, with bands per system, shared by every system, or constant along the axis (read
+    with stride 0), and a short last chunk (1001 = 10 * 97 + 31) that sweeps row by row."""
+    shape, chunk = (3, 1001), 97
+    l, d, u, b = dominant_bands(shape, dtype)
+    if bands_shape == "shared":
+        l, d, u = (v[:1] for v in (l, d, u))
+    elif bands_shape == "constant":
+        l, d, u = (v[:, :1] for v in (l, d, u))
+    assert _planner.valid_chunk(shape[1], chunk, periodic=periodic) == chunk
+    x = solve(l, d, u, b, axis=-1, periodic=periodic, chunk=chunk)
+    assert rel_err(x, verify.reference_solve(l, d, u, b, periodic=periodic)) < tolerance(dtype)
+    # The gradient w.r.t. b is A^{-T} g: A^T has lower[i] = upper[i-1], upper[i] = lower[i+1]
+    # (the corners swapped the same way when periodic).
+    g = RNG.standard_normal(shape).astype(dtype)
+    _, vjp = jax.vjp(lambda b: solve(l, d, u, b, axis=-1, periodic=periodic, chunk=chunk), b)
+    full = [np.broadcast_to(v, shape) for v in (l, d, u)]
+    want = verify.reference_solve(np.roll(full[2], 1, -1), full[1], np.roll(full[0], -1, -1), g,
+                                  periodic=periodic)
+    assert rel_err(vjp(jnp.asarray(g))[0], want) < tolerance(dtype)
+
+
 @pytest.mark.parametrize("kind", ["thomas", "periodic", "pivoted", "periodic_pivoted"])
 def test_every_kind_at_a_million_rows_matches_reference(kind):
     """One system of 10^6 rows through the planner (chunked where the kind allows it)."""
