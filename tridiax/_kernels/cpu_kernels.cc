@@ -600,9 +600,7 @@ class Solver {
 
   void SolveTile(const Tile& tile, T* scratch) const {
     const int64_t W = g_.W, len = tile.len, w = tile.w;
-    if (Scanned(len)) {
-      return mode_ == kSolve ? ScanSolveTile(tile, scratch) : ScanChunkSolveTile(tile, scratch);
-    }
+    if (Scanned(len)) return ScanTile(tile, scratch);
     T* c = scratch;
     T* y = c + len * W;
     T* z = y + len * W;
@@ -707,29 +705,6 @@ class Solver {
     }
   }
 
-  // Whole systems whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane.
-  void ScanSolveTile(const Tile& tile, T* scratch) const {
-#if defined(TRIDIAX_VECTOR_SCAN)
-    if constexpr (std::is_floating_point_v<T>) {
-      const int64_t len = tile.len;
-      const int64_t rows = (len + ScanVector<T>::L - 1) / ScanVector<T>::L * ScanVector<T>::L;
-      Geometry::Strides st[4];  // lower, diag, upper, rhs
-      for (int k = 0; k < 4; ++k) st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-      const auto at = [&](int k, int64_t s) { return Data(k) + st[k].base + s * st[k].lane; };
-      const int64_t sl = ops_[0].sn, sd = ops_[1].sn, su = ops_[2].sn, sr = ops_[3].sn;
-      const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-      for (int64_t s = 0; s < tile.w; ++s) {
-        // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
-        const T* sub = transposed_ ? at(2, s) - su : at(0, s);
-        const T* sup = transposed_ ? at(0, s) + sl : at(2, s);
-        ScanThomasLane<T>(sub, transposed_ ? su : sl, at(1, s), sd, sup, transposed_ ? sl : su,
-                          at(3, s), sr, outs_[0] + so.base + s * so.lane, len, scratch,
-                          scratch + rows);
-      }
-    }
-#endif
-  }
-
   // The coupling of a chunk's row 0 to the previous separator, alpha = sub(0): lower[0], or
   // upper[-1] transposed (row N-1 before chunk 0 when periodic; nothing otherwise). `lower`,
   // `upper`: the chunk's row 0 in each band.
@@ -742,15 +717,17 @@ class Solver {
                   : Data(2)[tile.P(s) * up.sp + (g_.N - 1) * up.sn + tile.Q(s) * up.sq];
   }
 
-  // The partition method's last sweep over chunks whose rows are contiguous (Q == 1), one
-  // chunk at a time: its interior rows 0..n-1 by ScanThomasLane with the separators moved to
-  // the right-hand sides of rows 0 and n-1 (as Chunk does), its separator row n written as
-  // given. The chunks of one long system: 8-11 ms -> 7-8 ms for 10^7 float32 rows, where the
-  // strided sweep waits on the transposed loads of 32 chunks at once (2-core Zen 4).
-  void ScanChunkSolveTile(const Tile& tile, T* scratch) const {
+  // Lanes whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane: whole systems
+  // (kSolve), or the partition method's last sweep over chunks (kChunkSolve: a chunk's
+  // interior rows 0..n-1 with the separators moved to the right-hand sides of rows 0 and n-1,
+  // as Chunk does, and its separator row n written as given). The chunks of one long system:
+  // 8-11 ms -> 7-8 ms for 10^7 float32 rows, where the strided sweep waits on the transposed
+  // loads of 32 chunks at once (2-core Zen 4).
+  void ScanTile(const Tile& tile, T* scratch) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
-      const int64_t n = tile.len - 1;
+      const bool chunks = mode_ == kChunkSolve;
+      const int64_t n = chunks ? tile.len - 1 : tile.len;
       const int64_t rows = (n + ScanVector<T>::L - 1) / ScanVector<T>::L * ScanVector<T>::L;
       Geometry::Strides st[4];  // lower, diag, upper, rhs
       for (int k = 0; k < 4; ++k) st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
@@ -759,20 +736,27 @@ class Solver {
       const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
       const T* xs = static_cast<const T*>(xsep_.data);
       for (int64_t s = 0; s < tile.w; ++s) {
-        const int64_t cs = tile.C(s);
-        const int64_t sep = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
-        const T xr = xs[sep + cs * xsep_.sn];
-        // The previous separator's x (row N-1 before chunk 0 when periodic) and its coupling.
-        const T alpha = Alpha(tile, s, at(0, s), at(2, s));
-        const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn] : T(0);
-        const T omega = transposed_ ? at(0, s)[n * sl] : at(2, s)[(n - 1) * su];  // sup(n-1)
-        const T ends[2] = {at(3, s)[0] - alpha * xl, at(3, s)[(n - 1) * sr] - omega * xr};
         T* x = outs_[0] + so.base + s * so.lane;
+        T ends[2];
+        if (chunks) {
+          const int64_t cs = tile.C(s);
+          const int64_t sep = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
+          // This chunk's separator, and the previous one (row N-1 before chunk 0 when
+          // periodic) times its coupling to row 0.
+          const T xr = xs[sep + cs * xsep_.sn];
+          const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn]
+                                           : T(0);
+          const T alpha = Alpha(tile, s, at(0, s), at(2, s));
+          const T omega = transposed_ ? at(0, s)[n * sl] : at(2, s)[(n - 1) * su];  // sup(n-1)
+          ends[0] = at(3, s)[0] - alpha * xl;
+          ends[1] = at(3, s)[(n - 1) * sr] - omega * xr;
+          x[n] = xr;
+        }
+        // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
         const T* sub = transposed_ ? at(2, s) - su : at(0, s);
         const T* sup = transposed_ ? at(0, s) + sl : at(2, s);
         ScanThomasLane<T>(sub, transposed_ ? su : sl, at(1, s), sd, sup, transposed_ ? sl : su,
-                          at(3, s), sr, x, n, scratch, scratch + rows, ends);
-        x[n] = xr;
+                          at(3, s), sr, x, n, scratch, scratch + rows, chunks ? ends : nullptr);
       }
     }
 #endif
