@@ -195,9 +195,9 @@ def main():
     theta_y = jnp.asarray(THETA_TRUE), jnp.asarray(y)
     _, means_time = best_time(jax.jit(lambda theta, y: smooth(theta, y)[0]), *theta_y, repeats=3)
     _, block_time = best_time(smooth_jit, *theta_y, repeats=3)
-    print(f"  time, best of 3: smoothed means by the block solve {1e3 * means_time:.0f} ms; "
-          f"means + log-likelihood {1e3 * block_time:.0f} ms; NumPy Kalman filter + RTS smoother "
-          f"(means, variances, log-likelihood) {1e3 * numpy_time:.0f} ms "
+    print(f"  time, best of 3: smoothed means by the block solve {1e3 * means_time:.3g} ms; "
+          f"means + log-likelihood {1e3 * block_time:.3g} ms; NumPy Kalman filter + RTS smoother "
+          f"(means, variances, log-likelihood) {1e3 * numpy_time:.3g} ms "
           f"({numpy_time / means_time:.1f}x the block solve)")
 
     # The gradient of the log-likelihood per observation w.r.t. theta = (log q, log r).

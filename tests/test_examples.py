@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
@@ -114,7 +115,10 @@ def test_beam_pentadiagonal_converges_at_second_order(tmp_path):
     first, last = [float(v) for v in rows[0][2:4]], [float(v) for v in rows[-1][2:5:2]]
     assert last[0] < first[0] / 10 and last[1] < first[1] / 10  # both beams' errors fall
     for row in rows:  # solve_banded against scipy, solveh_banded against solve_banded
-        assert float(row[-2]) < 1e-11 and float(row[-1]) < 1e-9
+        # Relative agreement to rounding, which grows like the condition number, about
+        # 16 (n + 1)^4 / pi^4 (3e-13 to 8e-11 at n = 31..127, by CPU and LAPACK build).
+        bound = np.finfo(np.float64).eps * 16 * (int(row[0]) + 1) ** 4 / np.pi**4
+        assert float(row[-2]) < bound and float(row[-1]) < bound
     assert number(r"solveh_banded: \d+ beams of \d+ points in (\S+) ms", out) > 0
     assert (tmp_path / "beam_pentadiagonal.png").stat().st_size > 10_000
 
