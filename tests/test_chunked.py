@@ -83,10 +83,10 @@ def test_chunked_gradients_match_unchunked(periodic, dtype):
 @pytest.mark.parametrize("bands_shape", ["per_system", "shared", "constant"])
 def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, periodic, dtype):
     """Chunks whose rows are contiguous (systems along the last axis) and long enough (two
-    vectors of interior rows) take the scanned last sweep (cpu_kernels.cc,
-    ScanChunkSolveTile): the solve and, through the gradient, the transposed solve, against
-    scipy, with bands per system, shared by every system, or constant along the axis (read
-    with stride 0), and a short last chunk (1001 = 10 * 97 + 31) that sweeps row by row."""
+    vectors of interior rows) take the scanned last sweep (cpu_kernels.cc, ScanTile): the
+    solve and, through the gradient, the transposed solve, against scipy, with bands per
+    system, shared by every system, or constant along the axis (read with stride 0), and a
+    short last chunk (1001 = 10 * 97 + 31) that sweeps row by row."""
     shape, chunk = (3, 1001), 97
     l, d, u, b = dominant_bands(shape, dtype)
     if bands_shape == "shared":

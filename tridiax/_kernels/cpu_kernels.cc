@@ -207,6 +207,8 @@ class RowReader {
 
   // Value of lane s at relative row i (any i: the caller knows it is inside the array).
   T At(int64_t s, int64_t i) const { return base_[s * lane_ + i * row_]; }
+  // Lane s's relative row 0 in the array.
+  const T* Lane(int64_t s) const { return base_ + s * lane_; }
 
  private:
   // Each strided lane is its own stream, more than the hardware prefetchers follow: Load asks
@@ -296,8 +298,8 @@ inline U GateSlope(U g, U one, U zero) {
 // ran at 40x the memory floor). float32 takes the rational approximation XLA's CPU tanh uses
 // (Eigen's: odd degree 13 over even degree 6 on [-7.9053, 7.9053], clamped beyond, x itself
 // below 4e-4; within 6 ulp), which the compiler vectorizes; float64 goes through glibc's
-// vector tanh (libmvec, glibc >= 2.35, within 4 ulp: _native.py adds -DTRIDIAX_LIBMVEC -lmvec
-// where it finds it), else libm's.
+// vector tanh (libmvec, glibc >= 2.35, within 4 ulp: _native.py adds -DTRIDIAX_LIBMVEC and
+// links -l:libmvec.so.1 where it finds it), else libm's.
 inline float RationalTanh(float x) {
   const float c = std::min(std::max(x, -7.90531110763549805f), 7.90531110763549805f);
   const float x2 = c * c;
@@ -705,16 +707,19 @@ class Solver {
     }
   }
 
-  // The coupling of a chunk's row 0 to the previous separator, alpha = sub(0): lower[0], or
-  // upper[-1] transposed (row N-1 before chunk 0 when periodic; nothing otherwise). `lower`,
-  // `upper`: the chunk's row 0 in each band.
-  T Alpha(const Tile& tile, int64_t s, const T* lower, const T* upper) const {
+  // The couplings between lane s's chunk and the previous separator (row N-1 before chunk 0
+  // when periodic; none into chunk 0 otherwise): alpha = sub(0) of row 0 (lower[0], or
+  // upper[-1] transposed) and beta = sup(-1) of the separator (upper[-1], or lower[0]).
+  // `lower`, `upper`: the chunk's row 0 in each band.
+  std::pair<T, T> Couplings(const Tile& tile, int64_t s, const T* lower, const T* upper) const {
     const int64_t cs = tile.C(s);
-    if (cs == 0 && !periodic_) return T(0);
-    if (!transposed_) return lower[0];
+    if (cs == 0 && !periodic_) return {T(0), T(0)};
     const Operand& up = ops_[2];
-    return cs > 0 ? upper[-up.sn]
-                  : Data(2)[tile.P(s) * up.sp + (g_.N - 1) * up.sn + tile.Q(s) * up.sq];
+    const T up_before = cs > 0
+        ? upper[-up.sn]
+        : Data(2)[tile.P(s) * up.sp + (g_.N - 1) * up.sn + tile.Q(s) * up.sq];
+    return transposed_ ? std::pair<T, T>{up_before, lower[0]}
+                       : std::pair<T, T>{lower[0], up_before};
   }
 
   // Lanes whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane: whole systems
@@ -746,7 +751,7 @@ class Solver {
           const T xr = xs[sep + cs * xsep_.sn];
           const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn]
                                            : T(0);
-          const T alpha = Alpha(tile, s, at(0, s), at(2, s));
+          const T alpha = Couplings(tile, s, at(0, s), at(2, s)).first;
           const T omega = transposed_ ? at(0, s)[n * sl] : at(2, s)[(n - 1) * su];  // sup(n-1)
           ends[0] = at(3, s)[0] - alpha * xl;
           ends[1] = at(3, s)[(n - 1) * sr] - omega * xr;
@@ -857,22 +862,8 @@ class Solver {
     T* alpha = spare;          // coupling of row 0 to the previous separator
     T* beta = spare + W;       // the previous separator's sup (its coupling to row 0)
     T* omega = spare + 2 * W;  // coupling of row n-1 to this chunk's separator
-    // Row -1 of `upper` (the previous separator's row; sub(0) when transposed), per lane: row
-    // N-1 for chunk 0 when periodic, and no coupling at all into chunk 0 otherwise.
-    const Operand& up = ops_[2];
-    const T* up_data = Data(2);
     for (int64_t s = 0; s < w; ++s) {
-      const int64_t cs = tile.C(s);
-      if (cs == 0 && !periodic_) {
-        alpha[s] = beta[s] = T(0);
-        continue;
-      }
-      const T up_before = cs == 0
-          ? up_data[tile.P(s) * up.sp + (g_.N - 1) * up.sn + tile.Q(s) * up.sq]
-          : rd[2].At(s, -1);
-      const T lower_first = rd[0].At(s, 0);
-      alpha[s] = transposed_ ? up_before : lower_first;  // sub(0): lower[0], or upper[-1]
-      beta[s] = transposed_ ? lower_first : up_before;   // sup(-1): upper[-1], or lower[0]
+      std::tie(alpha[s], beta[s]) = Couplings(tile, s, rd[0].Lane(s), rd[2].Lane(s));
     }
     {
       const T* om = sup(n - 1);  // upper[n-1], or lower[n] transposed
