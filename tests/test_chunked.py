@@ -40,8 +40,10 @@ def rel_err(x, ref):
 # ---------------------------------------------------------------------------------------------
 # Solves.
 
+# (40, 4100) along axis 0: chunk tiles of whole rows split in parts (cpu_tiling), the last
+# part narrower than the others.
 SHAPES = [((203, 9), 0), ((9, 203), -1), ((2, 1001), 1), ((777,), 0), ((3, 301, 5), 1),
-          ((64, 130), 0)]
+          ((64, 130), 0), ((40, 4100), 0)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -149,6 +151,13 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     assert _planner.cpu_tiling(1, 500, 1, 2000, np.float32, columns=3).lanes == "c"
+    # Chunks of systems along Q: tiles of whole rows up to CHUNK_ROW_BYTES, else equal parts.
+    for Q, dtype in ((1000, np.float32), (1001, np.float64), (4100, np.float32),
+                     (100_000, np.complex128)):
+        width = _planner.cpu_tiling(1, 90, Q, 112, dtype, columns=3).width
+        parts = -(-Q // width)
+        assert width % 8 == 0 and width * np.dtype(dtype).itemsize <= _planner.CHUNK_ROW_BYTES
+        assert parts == -(-Q * np.dtype(dtype).itemsize // _planner.CHUNK_ROW_BYTES), Q
     # Too little work to share out, a kind that stays sequential, the user's 0.
     assert _planner.solve_chunk(1, 1000, 1, np.float32, **plan) == 0
     assert _planner.solve_chunk(1, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) == 0

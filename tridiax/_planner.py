@@ -47,6 +47,8 @@ GPU_LANES = GPU_SMS * 64 * 4
 GPU_MIN_ROWS = 4096
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
+# The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
+CHUNK_ROW_BYTES = 16384
 # Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
 MIN_CHUNKED_WORK = 1 << 16
 
@@ -181,10 +183,12 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         if wide and fits:
             return 0
         # Chunk tiles take whole rows (cpu_tiling), and chunks are as long as the cache holds
-        # their work rows (3 columns) at that width.
+        # their work rows (3 columns) at that width, but at least 112 rows: shorter ones cost
+        # more in boundary work than their cache misses do ((10 000, 1 000) float32 and
+        # float64: chunks of 48 rows 10-15% slower than 112).
         width = cpu_tiling(P, 2, Q, 1, dtype, columns=3).width
         target = 2 * cpu_cache_bytes() // (3 * width * itemsize)
-        target = int(np.clip(1 << int(np.log2(max(target, 1))), 64, 4096))
+        target = int(np.clip(1 << int(np.log2(max(target, 1))), 128, 4096))
         # Off a power of two: chunks 2^k values apart would map to one set of the L1 cache.
         target -= 16
     else:
@@ -254,10 +258,10 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         return CpuTiling("q", max(8, -(-width // 8) * 8))
     if Q >= L:
         # Whole systems: as many as keep the work rows in cache (at least a cache line of
-        # them). Chunks: whole rows, up to 512 (reading part of each row was 2x slower); the
-        # planner sized the chunks for it.
-        fit = cpu_cache_bytes() // max(1, columns * rows * itemsize) if C == 1 else 512
-        width = int(np.clip(fit, 64 // itemsize, 512))
+        # them), up to 512.
+        fit = int(np.clip(cpu_cache_bytes() // max(1, columns * rows * itemsize),
+                          64 // itemsize, 512))
+        width = fit if C == 1 else _chunk_tile_width(Q, itemsize)
         width = min(width, -(-Q // 8) * 8)
         if P * C * -(-Q // width) < cores:  # split Q over the cores
             width = max(64 // itemsize, -(-Q // cores))
@@ -276,6 +280,15 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # with two vectors, 25 ms against 39 ms with one).
         width = max(8, L)
     return CpuTiling(lanes, width)
+
+
+def _chunk_tile_width(Q: int, itemsize: int) -> int:
+    """Lanes of a chunk tile along Q: whole rows (one read stream per band per chunk) up to
+    CHUNK_ROW_BYTES, longer rows in equal parts, whole cache lines. Reading part of each row is
+    slower: (10 000, 1 000) float32 along axis 0, first sweep 5.9 -> 4.5 ms and last sweep
+    6.6-7.1 -> 6.0-6.3 ms with tiles of 1 000 lanes against 512 (2-core Zen 4)."""
+    parts = -(-Q * itemsize // CHUNK_ROW_BYTES)
+    return -(-Q // (parts * 8)) * 8
 
 
 def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, kind: str,
