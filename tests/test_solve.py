@@ -255,6 +255,28 @@ def test_batch_first_rows_every_size_broadcast_and_transposed(backend, dtype, n,
     assert_close(vjp(jnp.asarray(cotangent, dtype))[3], want, dtype)
 
 
+# Factored solves of batch-first systems are scanned too (cpu_kernels.cc, ScanFactoredLane: two
+# linear scans over the stored factors): every size around the vector length, factors shared by
+# every system or of one system each, and the transposed solve behind the gradient w.r.t. rhs.
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [8, 15, 16, 17, 31, 32, 33, 100, 1001])
+@pytest.mark.parametrize("shared", [False, True], ids=["per_system", "shared"])
+def test_batch_first_factored_every_size_and_transposed(backend, dtype, n, shared):
+    P = 5
+    bands = random_bands((P, n), np.float64, seed=n + 1)
+    if shared:
+        bands[:3] = [v[:1] for v in bands[:3]]
+    lower, diag, upper, rhs = (jnp.asarray(a, dtype) for a in bands)
+    factors = tridiax.TDMA(backend=backend).factor(tridiax.Tridiagonal(lower, diag, upper))
+    x, vjp = jax.vjp(factors.solve, rhs)
+    assert_close(x, verify.reference_solve(*bands, axis=-1), dtype)
+    cotangent = np.random.default_rng(n).standard_normal((P, n))
+    matrices = np.broadcast_to(dense_numpy(*bands[:3], axis=-1), (P, n, n))
+    want = np.linalg.solve(np.swapaxes(matrices, -1, -2), cotangent[..., None])[..., 0]
+    assert_close(vjp(jnp.asarray(cotangent, dtype))[0], want, dtype)
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_batch_first_rows_not_dominant_match_the_row_sweep(backend):
     # Symmetric positive definite but not diagonally dominant, and an indefinite matrix whose

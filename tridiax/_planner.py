@@ -147,10 +147,12 @@ def valid_chunk(n: int, chunk: int, *, periodic: bool = False) -> int:
 
 def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0) -> bool:
     """Whether the native kernel scans each system's rows inside vector registers, one system
-    at a time (cpu_kernels.cc, ScanThomasLane): plain solves of whole real systems of at least
-    two vectors of rows, contiguous (Q == 1), where the built kernel has the scans."""
+    at a time (cpu_kernels.cc, ScanThomasLane and ScanFactoredLane): plain and factored solves
+    of whole real systems of at least two vectors of rows, contiguous (Q == 1), where the
+    built kernel has the scans."""
     cdt = jnp.dtype(compute_dtype(dtype))
-    if Q != 1 or kind != "thomas" or chunk or jnp.issubdtype(cdt, jnp.complexfloating):
+    if (Q != 1 or kind not in ("thomas", "factored") or chunk
+            or jnp.issubdtype(cdt, jnp.complexfloating)):
         return False
     from ._kernels import _native  # the kernel says what it was built with (AVX2, compiler)
 

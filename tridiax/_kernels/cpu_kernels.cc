@@ -19,8 +19,8 @@
 // and each output written once. Tiles are shared out over std::threads.
 //
 // Lanes whose rows are contiguous (Q == 1) are instead scanned one at a time, L rows per vector
-// register, for plain real solves and linear recurrences ("Contiguous lanes" below): one read
-// stream per operand, no transposes.
+// register, for plain and factored real solves and linear recurrences ("Contiguous lanes"
+// below): one read stream per operand, no transposes.
 //
 // Built on first use by tridiax/_kernels/_native.py against jax.ffi.include_dir(), with
 // -march=native: the transposes use AVX2 where the compiler targets it.
@@ -529,6 +529,50 @@ void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
     x_in = S::template Broadcast<0>(v, Lanes{});
   }
 }
+
+// The stored factors A = L D V (Factored below) on one contiguous lane of n rows, with the
+// strides of ScanThomasLane: y_i = b_i - l_i y_{i-1} (sub: L's sub-diagonal l, sub(0) not read),
+// then x_i = m_i y_i - c'_i x_{i+1} (dia: m = 1/pivot, sup: c', sup(n-1) not read); two linear
+// scans, no division. y: scratch of n rows rounded up to whole vectors; n >= 2L.
+template <typename T>
+void ScanFactoredLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T* sup,
+                      int64_t su, const T* rhs, int64_t sr, T* x, int64_t n, T* yp) {
+  using S = ScanVector<T>;
+  using V = typename S::V;
+  constexpr int L = S::L;
+  using Lanes = std::make_index_sequence<L>;
+  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
+  V first = zero, last = zero;
+  first[0] = T(1);
+  last[L - 1] = T(1);
+  V y_in = zero;
+  for (int64_t i0 = 0; i0 < n; i0 += L) {
+    if (i0 + L > n) {  // a last partial vector: rows [n-L, n), entered from row n-L-1
+      i0 = n - L;
+      y_in = S::Splat(yp[i0 - 1]);
+    }
+    V coef = -S::Load(sub + i0 * ss, ss), y = S::Load(rhs + i0 * sr, sr);
+    if (i0 == 0) coef = first != zero ? zero : coef;
+    S::template Scan<true>(coef, y, one, zero);
+    y = coef * y_in + y;
+    S::Store(yp + i0, y);
+    y_in = S::template Broadcast<L - 1>(y, Lanes{});
+  }
+  V x_in = zero;
+  for (int64_t i0 = n - L; i0 > -L; i0 -= L) {
+    if (i0 < 0) {  // a first partial vector: rows [0, L), entered from row L
+      i0 = 0;
+      x_in = S::Splat(x[L]);
+    }
+    V coef = -S::Load(sup + i0 * su, su);
+    if (i0 + L == n) coef = last != zero ? zero : coef;
+    V v = S::Load(dia + i0 * sd, sd) * S::Load(yp + i0, 1);
+    S::template Scan<false>(coef, v, one, zero);
+    v = coef * x_in + v;
+    S::Store(x + i0, v);
+    x_in = S::template Broadcast<0>(v, Lanes{});
+  }
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -583,15 +627,17 @@ class Solver {
  private:
   const T* Data(int k) const { return static_cast<const T*>(ops_[k].data); }
 
-  // Whether lanes of `len` rows are scanned one at a time (ScanThomasLane): plain solves of
-  // contiguous real rows, and the last sweep of the partition method over contiguous chunks
-  // (one long system), with two vectors of rows at least (shorter ones sweep faster a tile at
-  // a time).
+  // Whether lanes of `len` rows are scanned one at a time (ScanThomasLane, ScanFactoredLane):
+  // plain and factored solves of contiguous real rows, and the last sweep of the partition
+  // method over contiguous chunks (one long system), with two vectors of rows at least
+  // (shorter ones sweep faster a tile at a time).
   bool Scanned(int64_t len) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
       constexpr int64_t L = ScanVector<T>::L;
-      if (kind_ != kThomas || g_.Q != 1) return false;
+      if (g_.Q != 1) return false;
+      if (kind_ == kFactored) return mode_ == kSolve && len >= 2 * L;
+      if (kind_ != kThomas) return false;
       // The first sweep (kEnds) stays row by row: scanned, its three right-hand sides and the
       // sums of pi y', pi v' cost 12.4 ms against 7-9 ms for 10^7 float32 rows (2-core Zen 4).
       return mode_ == kSolve ? len >= 2 * L : mode_ == kChunkSolve && len - 1 >= 2 * L;
@@ -722,8 +768,8 @@ class Solver {
                        : std::pair<T, T>{lower[0], up_before};
   }
 
-  // Lanes whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane: whole systems
-  // (kSolve), or the partition method's last sweep over chunks (kChunkSolve: a chunk's
+  // Lanes whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane (ScanFactoredLane
+  // for stored factors): whole systems (kSolve), or the partition method's last sweep over chunks (kChunkSolve: a chunk's
   // interior rows 0..n-1 with the separators moved to the right-hand sides of rows 0 and n-1,
   // as Chunk does, and its separator row n written as given). The chunks of one long system:
   // 8-11 ms -> 7-8 ms for 10^7 float32 rows, where the strided sweep waits on the transposed
@@ -760,6 +806,11 @@ class Solver {
         // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
         const T* sub = transposed_ ? at(2, s) - su : at(0, s);
         const T* sup = transposed_ ? at(0, s) + sl : at(2, s);
+        if (kind_ == kFactored) {
+          ScanFactoredLane<T>(sub, transposed_ ? su : sl, at(1, s), sd, sup,
+                              transposed_ ? sl : su, at(3, s), sr, x, n, scratch);
+          continue;
+        }
         ScanThomasLane<T>(sub, transposed_ ? su : sl, at(1, s), sd, sup, transposed_ ? sl : su,
                           at(3, s), sr, x, n, scratch, scratch + rows, chunks ? ends : nullptr);
       }
