@@ -260,10 +260,12 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         return CpuTiling("q", max(8, -(-width // 8) * 8))
     if Q >= L:
         # Whole systems: as many as keep the work rows in cache (at least a cache line of
-        # them), up to 512.
-        fit = int(np.clip(cpu_cache_bytes() // max(1, columns * rows * itemsize),
-                          64 // itemsize, 512))
-        width = fit if C == 1 else _chunk_tile_width(Q, itemsize)
+        # them), up to 512. Chunks: whole rows (_chunk_tile_width).
+        if C == 1:
+            width = int(np.clip(cpu_cache_bytes() // max(1, columns * rows * itemsize),
+                                64 // itemsize, 512))
+        else:
+            width = _chunk_tile_width(Q, itemsize)
         width = min(width, -(-Q // 8) * 8)
         if P * C * -(-Q // width) < cores:  # split Q over the cores
             width = max(64 // itemsize, -(-Q // cores))

@@ -460,6 +460,34 @@ struct ScanVector {
   }
 };
 
+// h_i = coef_i h_{i-1} + v_i over n >= 2L contiguous rows of h, from h = 0 before row 0 (Up),
+// or h_i = coef_i h_{i+1} + v_i from h = 0 after row n-1, a vector of L rows at a time from
+// that end. The last vector taken is the L rows at the other end, entered from the row next to
+// them (rows already done are scanned again, to the same values). terms(i0, coef, v) gives
+// coef and v of rows [i0, i0 + L).
+template <typename T, bool Up, typename Terms>
+inline __attribute__((always_inline)) void ScanRows(T* h, int64_t n, Terms terms) {
+  using S = ScanVector<T>;
+  using V = typename S::V;
+  constexpr int L = S::L;
+  using Lanes = std::make_index_sequence<L>;
+  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
+  V h_in = zero;  // h of the row before (Up) or after the vector, in every lane
+  for (int64_t j = 0; j < n; j += L) {
+    int64_t i0 = Up ? j : n - L - j;
+    if (j + L > n) {
+      i0 = Up ? n - L : 0;
+      h_in = S::Splat(h[Up ? i0 - 1 : L]);
+    }
+    V coef, v;
+    terms(i0, coef, v);
+    S::template Scan<Up>(coef, v, one, zero);
+    v = coef * h_in + v;
+    S::Store(h + i0, v);
+    h_in = S::template Broadcast<Up ? L - 1 : 0>(v, Lanes{});
+  }
+}
+
 // Thomas on one contiguous lane of n rows: sub(i) = sub[i*ss] for i >= 1, sup(i) = sup[i*su]
 // for i <= n-2, d and b likewise (strides 0 or 1); x written; cp, yp: scratch of n rows rounded
 // up to whole vectors. Rows past n are identity rows (c' = y' = 0). Each vector of rows:
@@ -515,19 +543,11 @@ void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
     c_in = S::template Broadcast<L - 1>(c, Lanes{});
     y_in = S::template Broadcast<L - 1>(y, Lanes{});
   }
-  // Back substitution from the last row, likewise: a first partial vector is rows [0, L).
-  V x_in = zero;
-  for (int64_t i0 = n - L; i0 > -L; i0 -= L) {
-    if (i0 < 0) {
-      i0 = 0;
-      x_in = S::Splat(x[L]);
-    }
-    V coef = -S::Load(cp + i0, 1), v = S::Load(yp + i0, 1);
-    S::template Scan<false>(coef, v, one, zero);
-    v = coef * x_in + v;
-    S::Store(x + i0, v);
-    x_in = S::template Broadcast<0>(v, Lanes{});
-  }
+  // Back substitution from the last row.
+  ScanRows<T, false>(x, n, [&](int64_t i0, V& coef, V& v) {
+    coef = -S::Load(cp + i0, 1);
+    v = S::Load(yp + i0, 1);
+  });
 }
 
 // The stored factors A = L D V (Factored below) on one contiguous lane of n rows, with the
@@ -540,38 +560,20 @@ void ScanFactoredLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const 
   using S = ScanVector<T>;
   using V = typename S::V;
   constexpr int L = S::L;
-  using Lanes = std::make_index_sequence<L>;
-  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
-  V first = zero, last = zero;
+  const V zero = S::Splat(T(0));
+  V first = zero, last = zero;  // all-ones in lane 0 (L-1): sub(0) and sup(n-1) are not read
   first[0] = T(1);
   last[L - 1] = T(1);
-  V y_in = zero;
-  for (int64_t i0 = 0; i0 < n; i0 += L) {
-    if (i0 + L > n) {  // a last partial vector: rows [n-L, n), entered from row n-L-1
-      i0 = n - L;
-      y_in = S::Splat(yp[i0 - 1]);
-    }
-    V coef = -S::Load(sub + i0 * ss, ss), y = S::Load(rhs + i0 * sr, sr);
+  ScanRows<T, true>(yp, n, [&](int64_t i0, V& coef, V& y) {
+    coef = -S::Load(sub + i0 * ss, ss);
     if (i0 == 0) coef = first != zero ? zero : coef;
-    S::template Scan<true>(coef, y, one, zero);
-    y = coef * y_in + y;
-    S::Store(yp + i0, y);
-    y_in = S::template Broadcast<L - 1>(y, Lanes{});
-  }
-  V x_in = zero;
-  for (int64_t i0 = n - L; i0 > -L; i0 -= L) {
-    if (i0 < 0) {  // a first partial vector: rows [0, L), entered from row L
-      i0 = 0;
-      x_in = S::Splat(x[L]);
-    }
-    V coef = -S::Load(sup + i0 * su, su);
+    y = S::Load(rhs + i0 * sr, sr);
+  });
+  ScanRows<T, false>(x, n, [&](int64_t i0, V& coef, V& v) {
+    coef = -S::Load(sup + i0 * su, su);
     if (i0 + L == n) coef = last != zero ? zero : coef;
-    V v = S::Load(dia + i0 * sd, sd) * S::Load(yp + i0, 1);
-    S::template Scan<false>(coef, v, one, zero);
-    v = coef * x_in + v;
-    S::Store(x + i0, v);
-    x_in = S::template Broadcast<0>(v, Lanes{});
-  }
+    v = S::Load(dia + i0 * sd, sd) * S::Load(yp + i0, 1);
+  });
 }
 #endif
 
@@ -769,9 +771,10 @@ class Solver {
   }
 
   // Lanes whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane (ScanFactoredLane
-  // for stored factors): whole systems (kSolve), or the partition method's last sweep over chunks (kChunkSolve: a chunk's
-  // interior rows 0..n-1 with the separators moved to the right-hand sides of rows 0 and n-1,
-  // as Chunk does, and its separator row n written as given). The chunks of one long system:
+  // for stored factors): whole systems (kSolve), or the partition method's last sweep over
+  // chunks (kChunkSolve: a chunk's interior rows 0..n-1 with the separators moved to the
+  // right-hand sides of rows 0 and n-1, as Chunk does, and its separator row n written as
+  // given). The chunks of one long system:
   // 8-11 ms -> 7-8 ms for 10^7 float32 rows, where the strided sweep waits on the transposed
   // loads of 32 chunks at once (2-core Zen 4).
   void ScanTile(const Tile& tile, T* scratch) const {
