@@ -31,6 +31,7 @@ from pathlib import Path
 
 import jax
 
+from tridiax._backend import device_platform
 from tridiax._timing import best_time
 
 
@@ -67,7 +68,7 @@ def machine() -> str:
         vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
         where = f"{model} ({os.cpu_count()} cores, {vector})"
     else:
-        where = f"{device.device_kind} ({device.platform})"
+        where = f"{device.device_kind} ({device_platform(device)})"
     return (f"{where}, jax {jax.__version__}, "
             f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}")
 
@@ -120,7 +121,7 @@ def run_meta(**extra) -> dict:
         "schema": SCHEMA, "script": Path(sys.argv[0]).name, "command": command_line(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(), "jax": jax.__version__, "jaxlib": jaxlib,
-        "platform": device.platform, "device": device.device_kind,
+        "platform": device_platform(device), "device": device.device_kind,
         "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
     }

@@ -12,9 +12,9 @@ GPU_BACKENDS = ("pallas_triton", "mosaic_gpu", "xla")  # each where it runs the 
 
 def backends(dtype=None) -> tuple[str, ...]:
     """Every backend that runs on this machine's default device (and supports `dtype`)."""
-    from tridiax._backend import unavailable
+    from tridiax._backend import device_platform, unavailable
 
-    platform = jax.devices()[0].platform  # "cpu", "cuda", "rocm", ...
+    platform = device_platform(jax.devices()[0])  # "cpu", "cuda", "rocm", ...
     found = GPU_BACKENDS if platform in ("cuda", "rocm") else CPU_BACKENDS
     dtype = np.dtype(dtype if dtype is not None else np.float32)
     return tuple(b for b in found if unavailable(b, dtype, platform=platform) is None)

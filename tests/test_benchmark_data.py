@@ -16,6 +16,8 @@ import sys
 import jax
 import pytest
 
+from tridiax._backend import device_platform
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW_KEYS = ["table", "case", "shape", "axis", "dtype", "method", "grad", "ms", "compile_s",
             "error", "ratio", "ratio_to"]
@@ -40,7 +42,7 @@ def load(path, script):
     assert meta["schema"] == "tridiax-benchmark/1"
     assert meta["script"] == script and script in meta["command"] and "--json" in meta["command"]
     assert meta["jax"] == jax.__version__ and f"jax {jax.__version__}" in meta["machine"]
-    assert meta["platform"] == jax.devices()[0].platform
+    assert meta["platform"] == device_platform(jax.devices()[0])
     when = datetime.datetime.fromisoformat(meta["date"])
     assert abs(datetime.datetime.now(datetime.UTC) - when) < datetime.timedelta(hours=1)
     assert rows

@@ -22,7 +22,9 @@ def test_gpu_report_quick_run_reports_every_kind(tmp_path):
         sys.path.pop(0)
     import jax
 
-    platform = jax.devices()[0].platform
+    from tridiax._backend import device_platform
+
+    platform = device_platform(jax.devices()[0])
     backends = gpu_report.device_backends(platform)
     assert backends, platform
     rows = [line for line in text.splitlines() if line.startswith("| ")]

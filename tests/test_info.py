@@ -101,3 +101,39 @@ def test_import_from_a_source_tree_without_installed_metadata(tmp_path, with_pyp
 
     expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert version == (f"{expected}+source" if with_pyproject else "0+unknown")
+
+
+class _Client:
+    def __init__(self, platform, platform_version=""):
+        self.platform, self.platform_version = platform, platform_version
+
+
+class _Device:
+    def __init__(self, platform, client=None):
+        self.platform, self.client = platform, client
+
+
+@pytest.mark.parametrize("device, want", [
+    (_Device("cpu"), "cpu"),
+    (_Device("tpu"), "tpu"),
+    # jax 0.11's CUDA and ROCm plugins name their devices' platform "gpu"; the client says which.
+    (_Device("gpu", _Client("cuda")), "cuda"),
+    (_Device("gpu", _Client("rocm")), "rocm"),
+    (_Device("gpu", _Client("gpu", "rocm 6.2.4")), "rocm"),
+    (_Device("gpu", _Client("gpu", "cuda 13.0")), "cuda"),
+])
+def test_device_platform_names_the_lowering_platform(device, want):
+    from tridiax._backend import device_platform
+
+    assert device_platform(device) == want
+
+
+def test_device_platform_of_this_machines_devices_has_backends():
+    import jax
+
+    from tridiax import _backend
+
+    for device in jax.devices():
+        platform = _backend.device_platform(device)
+        assert platform != "gpu"
+        assert platform in _backend.PREFERENCE, platform

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import __version__, solve_tridiagonal, verify
-from ._backend import default_backend
+from ._backend import default_backend, device_platform
 from ._timing import best_time
 
 
@@ -45,9 +45,10 @@ def main(argv=None) -> int:
     bands = [jnp.asarray(a, jnp.float32) for a in (lower, diag, upper, rhs)]
 
     device = jax.devices()[0]
-    backend = default_backend(device.platform, jnp.float32)
+    platform = device_platform(device)
+    backend = default_backend(platform, jnp.float32)
     print(f"tridiax {__version__}, jax {jax.__version__}")
-    print(f"device:  {device.device_kind} ({device.platform})")
+    print(f"device:  {device.device_kind} ({platform})")
     print(f"backend: {backend}")
     print(f"problem: {args.batch} systems of N = {args.n}, float32, axis=0")
 

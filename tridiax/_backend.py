@@ -50,6 +50,19 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
 GPU_PLATFORMS = ("cuda", "rocm")
 
 
+def device_platform(device) -> str:
+    """The platform name lowerings are registered under ("cpu", "cuda", "rocm", "tpu") for a
+    jax Device. `device.platform` says "gpu" for CUDA and ROCm devices alike; the device's
+    client says which."""
+    if device.platform != "gpu":
+        return device.platform
+    client = getattr(device, "client", None)
+    name = getattr(client, "platform", "")
+    if name in GPU_PLATFORMS:
+        return name
+    return "rocm" if "rocm" in str(getattr(client, "platform_version", "")).lower() else "cuda"
+
+
 def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "thomas",
                 activation=None) -> str | None:
     """Why `backend` cannot run this call on `platform` (None: it can; platform None: any).

@@ -106,15 +106,16 @@ def _report() -> str:
         "devices:",
     ]
     devices = jax.devices()
-    lines += [f"  {d.id}: {d.device_kind} ({d.platform})" for d in devices]
+    platforms = [_backend.device_platform(d) for d in devices]
+    lines += [f"  {d.id}: {d.device_kind} ({p})" for d, p in zip(devices, platforms)]
     lines += _native_lines()
-    for platform in dict.fromkeys(["cpu", *(d.platform for d in devices)]):
+    for platform in dict.fromkeys(["cpu", *platforms]):
         lines.append(f"backends on {platform} (the first of {_backend.PREFERENCE.get(platform, ('xla',))} "
                      "that can run the call; `backend=` overrides):")
         lines += _backend_table(platform)
         lines.append(f"  why not the others, on {platform} (float32):")
         lines += _why_not(platform)
-    if not any(d.platform in _backend.GPU_PLATFORMS for d in devices):
+    if not any(p in _backend.GPU_PLATFORMS for p in platforms):
         lines.append("no GPU visible: for NVIDIA GPUs install jax[cuda12] (or cuda13), then "
                      "jax.devices() lists them")
     return "\n".join(lines)
