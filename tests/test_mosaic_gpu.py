@@ -231,3 +231,29 @@ def test_mosaic_gpu_entry_points_compile_for_an_h100():
             if k.origin == "xla" and (k.spill_store_bytes or k.spill_load_bytes):
                 problems.append(f"{case}: spills: {k}")
     assert not problems, "\n".join(problems)
+
+
+def test_mosaic_gpu_kernels_do_not_depend_on_jax_lowering_semantics_default():
+    # jax 0.11 made warpgroup semantics the default, under which these kernels do not lower
+    # (a column of a shared-memory box; a scalar broadcast in the pivoted kinds' selects): they
+    # choose lane semantics themselves. Compiled here with jax 0.11's default imposed.
+    _require_harness()
+    module = "mosaic_warpgroup_default"
+    grad = "__import__('jax').grad(lambda *a: ({call} ** 2).sum(), argnums={argnums})"
+    calls = {
+        "solve axis=-1": ("solve(*a, axis=-1, backend='mosaic_gpu')", 4),
+        "pivoted axis=0": ("solve(*a, axis=0, pivoting=True, backend='mosaic_gpu')", 4),
+        "linear_recurrence axis=-1": ("recurrence(*a, axis=-1, backend='mosaic_gpu')", 2),
+        "indrnn axis=0": ("recurrence(*a, axis=0, activation=__import__('jax').nn.relu, "
+                          "backend='mosaic_gpu')", 2),
+    }
+    cases = {}
+    for name, (call, arity) in calls.items():
+        shape = (WIDE, ROWS) if name.endswith("-1") else (ROWS, WIDE)
+        cases[f"{name} / grad"] = (
+            f"{module}:" + grad.format(call=call, argnums=tuple(range(arity))),
+            [(shape, "float32")] * arity)
+    reports = compile_reports(cases)
+    assert not _errors(reports), _errors(reports)
+    for case, r in reports.items():
+        assert any(k.origin == "mosaic_gpu" for k in r.kernels), (case, [str(k) for k in r.kernels])

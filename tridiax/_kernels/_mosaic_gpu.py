@@ -80,6 +80,16 @@ def _modules():
     return pl, plgpu
 
 
+def _kernel(plgpu, body, **kwargs):
+    """plgpu.kernel with lane semantics (each value a per-thread fragment of a warpgroup's
+    array), the default of jax 0.10; jax 0.11 turned warpgroup semantics on by default, whose
+    layout inference refuses a column of a shared-memory box ("We cannot apply swizzle to
+    non-contiguous refs") and a scalar broadcast in a select ("Implicit broadcast not
+    implemented"), both of which these kernels use."""
+    params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane)
+    return plgpu.kernel(body, compiler_params=params, **kwargs)
+
+
 def _ring(pl, plgpu, steps, stages, load, sweep, *, reverse=False):
     """The body of step s of a sweep over `steps` row blocks (last first when `reverse`) through
     a ring of `stages` slots; it issues the loads of the first `stages` blocks when built.
@@ -162,9 +172,9 @@ def _launch(plgpu, body, operands, out, tiles, barriers, *, rows, interpret):
     slots = barriers[0][1]
     scratch = ([plgpu.SMEM((slots, *box), jnp.float32)] * tiles
                + [plgpu.Barrier(num_arrivals=k, num_barriers=n) for k, n in barriers])
-    return plgpu.kernel(functools.partial(body, systems=systems), out_type=out,
-                        scratch_types=scratch, grid=grid, grid_names=names,
-                        interpret=interpret)(*operands)
+    return _kernel(plgpu, functools.partial(body, systems=systems), out_type=out,
+                   scratch_types=scratch, grid=grid, grid_names=names,
+                   interpret=interpret)(*operands)
 
 
 def _run(step, steps, carry):
@@ -287,8 +297,8 @@ def _other_kind(l, d, u, b, *, kind, transposed, interpret):
     body = functools.partial(_pallas_thomas._kernel, n=N, kind=kind, transposed=transposed,
                              tiles=None, P=P, Q=Q,
                              rows_class=functools.partial(WarpgroupRows, interpret=interpret))
-    outs = plgpu.kernel(body, out_type=(out,) * (1 + work), grid=(P, Q // LANES),
-                        grid_names=("p", "q"), interpret=interpret)(l, d, u, b)
+    outs = _kernel(plgpu, body, out_type=(out,) * (1 + work), grid=(P, Q // LANES),
+                   grid_names=("p", "q"), interpret=interpret)(l, d, u, b)
     return outs[0]
 
 
@@ -302,8 +312,8 @@ def _activated_recurrence(a, x, h0, *, activation, reverse, shifted, final_only,
                              tiles=None, P=P, Q=Q,
                              rows_class=functools.partial(WarpgroupRows, interpret=interpret))
     out = jax.ShapeDtypeStruct((P, 1 if final_only else T, Q), jnp.float32)
-    return plgpu.kernel(body, out_type=out, grid=(P, Q // LANES), grid_names=("p", "q"),
-                        interpret=interpret)(a, x, h0)
+    return _kernel(plgpu, body, out_type=out, grid=(P, Q // LANES), grid_names=("p", "q"),
+                   interpret=interpret)(a, x, h0)
 
 
 def _recurrence(a, x, *, interpret):
