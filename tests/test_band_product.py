@@ -14,8 +14,11 @@ from tridiax._backend import unavailable
 from tridiax._band_product import band_cotangents_p
 from tridiax._solve import solve
 
-pytestmark = pytest.mark.skipif(unavailable("native", np.float32, platform="cpu") is not None,
-                                reason="the native CPU kernel is not built here")
+pytestmark = [
+    pytest.mark.cpu_device,
+    pytest.mark.skipif(unavailable("native", np.float32, platform="cpu") is not None,
+                       reason="the native CPU kernel is not built here"),
+]
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 # (shape, axis): N = 1, 2, 3, odd, a middle axis, and more values per system than one tile of

@@ -17,7 +17,10 @@ from helpers import wide
 
 from tridiax._kernels import _native, _xla_banded
 
-pytestmark = pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable")
+pytestmark = [
+    pytest.mark.cpu_device,
+    pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable"),
+]
 
 BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0), (8, 8)]
 SIZES = [1, 2, 3, 7, 33, 100]

@@ -19,7 +19,10 @@ from helpers import wide
 import tridiax
 from tridiax._kernels import _native, _xla_block
 
-pytestmark = pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable")
+pytestmark = [
+    pytest.mark.cpu_device,
+    pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable"),
+]
 
 KINDS = ("block", "block_pivoted", "block_hermitian")
 # Error allowed against a float64 solve of the same (rounded) inputs, relative to max |x|.

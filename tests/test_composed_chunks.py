@@ -13,7 +13,10 @@ import scipy.linalg
 from tridiax import _backend, _chunked, _planner
 from tridiax._kernels import _composed_chunks, _native
 
-pytestmark = pytest.mark.skipif(not _native.available(), reason="needs the native kernels")
+pytestmark = [
+    pytest.mark.cpu_device,
+    pytest.mark.skipif(not _native.available(), reason="needs the native kernels"),
+]
 
 BACKENDS = ("xla", "pallas_interpret")
 DTYPES = (np.float32, np.float64)

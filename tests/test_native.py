@@ -11,7 +11,8 @@ CODE = ("import jax.numpy as jnp, tridiax; "
 
 
 def run(cache, code=CODE, **extra):
-    env = dict(os.environ, TRIDIAX_CACHE_DIR=str(cache), TRIDIAX_NATIVE="1", **extra)
+    env = dict(os.environ, TRIDIAX_CACHE_DIR=str(cache), TRIDIAX_NATIVE="1", JAX_PLATFORMS="cpu",
+               **extra)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=600)
     assert result.returncode == 0, result.stderr
