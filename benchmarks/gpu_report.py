@@ -1,6 +1,7 @@
 """One command for a GPU machine: tests, bandwidth per kind and backend, shapes, a tile sweep.
 
     python benchmarks/gpu_report.py [--out gpu_report.md] [--quick] [--skip-tests]
+                                    [--all-tests] [--workers N] [--only SECTION ...]
 
 Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also runs on CPU
 (with --quick: small shapes, a smoke run of the script itself). It writes a markdown report:
@@ -8,7 +9,8 @@ Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also run
 1. the machine: device, jax and jaxlib, the backend each operation picks per dtype;
 2. the GPU test subset (`pytest -m "not large"` on the solve, recurrence, chunking, backend,
    GPU lowering and Mosaic GPU tests: on a GPU they compare Triton, Mosaic GPU and XLA with
-   the references), its summary line;
+   the references; `--all-tests`: the whole suite), in `--workers` processes, its summary line
+   and failures (the whole log beside the report, `<out>.pytest.log`);
 3. bandwidth of every kind (plain, pivoted, periodic, periodic pivoted, factored solve,
    linear recurrence, IndRNN), in both layouts ((N, B) along axis 0 and (B, N) along the last
    axis), per backend that runs on the device (on CUDA: pallas_triton, xla and the opt-in
@@ -16,17 +18,21 @@ Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also run
    (inputs read once, the output written once), that as a fraction of the device's peak, and
    the ratio to a fused XLA elementwise op moving the same bytes (the floor);
 4. the shape table of bench_shapes.py (many short systems, few long ones, one very long one,
-   recurrences), without lax;
+   recurrences), with the bandwidth reached (the bytes of reading every input and writing the
+   output once, over tridiax's time) as GB/s and fraction of peak, and lax (associative_scan
+   for recurrences) beside it;
 5. a Pallas tile sweep: (bp, bq) blocks on the (N, B) and (B, N) layouts.
 
 Every figure is the minimum of repeats after a warm-up (compile time excluded), ratios taken
-from this one run. Put the report in benchmarks/README.md, and make the defaults (PREFERENCE in
+from this one run. The report is rewritten after every section, so a run cut short keeps what
+it finished. Put the report in benchmarks/README.md, and make the defaults (PREFERENCE in
 tridiax/_backend.py, tiles in tridiax/_kernels/_pallas_tiles.py) follow it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import subprocess
 import sys
@@ -77,15 +83,22 @@ def section_machine(platform):
     return lines
 
 
-def section_tests():
+def section_tests(files, workers, log):
+    """Run the tests in `workers` processes (each allocating GPU memory as it goes, so that
+    they share the device); the whole log goes to `log`, the report gets the failures and
+    the summary."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not large", "-p",
-                          "no:cacheprovider", *TEST_FILES], cwd=ROOT, capture_output=True,
-                         text=True)
-    tail = [line for line in out.stdout.splitlines() if line.strip()][-12:]
-    return [f"`pytest -q -m 'not large' {' '.join(TEST_FILES)}` "
+    parallel = ["-n", str(workers)] if workers > 1 else []
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", "not large", "-p",
+                          "no:cacheprovider", *parallel, *files], cwd=ROOT, capture_output=True,
+                         text=True, env=env)
+    log.write_text(out.stdout + out.stderr)
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return [f"`pytest -q -m 'not large' {' '.join(parallel + files)}` "
             f"(exit {out.returncode}, {time.perf_counter() - start:.0f} s):", "", "```",
-            *tail, "```"]
+            *failed[:60], *lines[-3:], "```"]
 
 
 def _call(kind, backend, axis, block=None):
@@ -155,15 +168,24 @@ def _mosaic_verdict(times):
             f"rows** (Triton time / Mosaic time: {ratios})."]
 
 
-def section_shapes(quick):
-    lines = ["| data | tridiax ms | floor ms | tridiax / floor | fwd+grad / fwd | err |",
-             "|---|---:|---:|---:|---:|---:|"]
+def section_shapes(quick, peak, skip_lax):
+    lines = ["| data | tridiax ms | GB/s | of peak | floor ms | tridiax / floor | fwd+grad / fwd "
+             "| lax / tridiax | err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, shape, axis, op in SHAPES:
         shape = QUICK.get(shape, shape) if quick else shape
-        r = run_shape(label, shape, axis, op, "float32", skip_lax=True)
+        try:
+            r = run_shape(label, shape, axis, op, "float32", skip_lax=skip_lax)
+        except Exception as err:  # noqa: BLE001 - a report records failures and goes on
+            lines.append(f"| {label} | failed: {type(err).__name__}: {str(err)[:120]} "
+                         "| | | | | | | |")
+            continue
+        # Every input read once and the output written once: 4 + 1 arrays (solve), 2 + 1.
+        moved = (5 if op == "solve" else 3) * 4 * int(np.prod(shape))
+        gbs = moved / (r.tridiax_ms * 1e-3) / 1e9
         lines.append(f"| {label} {'(quick: ' + str(shape) + ')' if quick else ''} | "
-                     f"{r.tridiax_ms:.3f} | {r.floor_ms:.3f} | {r.vs_floor:.2f}x | "
-                     f"{r.grad_vs_fwd:.2f}x | {r.error:.0e} |")
+                     f"{r.tridiax_ms:.3f} | {gbs:.0f} | {fmt(gbs / peak * 100, '.0f')}{'%' * (peak == peak)} | "
+                     f"{r.floor_ms:.3f} | {r.vs_floor:.2f}x | {r.grad_vs_fwd:.2f}x | "
+                     f"{fmt(r.lax_ms / r.tridiax_ms, '.2f')}{'x' * (r.lax_ms == r.lax_ms)} | {r.error:.0e} |")
     return lines
 
 
@@ -187,35 +209,49 @@ def main():
     parser.add_argument("--out", default="gpu_report.md")
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--all-tests", action="store_true", help="the whole suite, not the subset")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes")
+    parser.add_argument("--skip-lax", action="store_true", help="leave lax out of the shapes")
+    parser.add_argument("--only", nargs="+", metavar="SECTION",
+                        choices=["machine", "tests", "bandwidth", "shapes", "tiles"],
+                        help="these sections alone")
     args = parser.parse_args()
+    out = pathlib.Path(args.out)
     start = time.perf_counter()
     device = jax.devices()[0]
-    platform = device.platform
+    platform = _backend.device_platform(device)
     peak = peak_gbs(device)
     n, b = (100, 4096) if args.quick else (1000, 132 * 512)
     layouts = [(f"(N, B) = ({n}, {b}), axis 0", (n, b), 0),
                (f"(B, N) = ({b}, {n}), axis -1", (b, n), -1)]
     backends = device_backends(platform)
     report = [f"# tridiax GPU report ({time.strftime('%Y-%m-%d')})", ""]
-    sections = [("Machine and backend choice", lambda: section_machine(platform))]
-    if not args.skip_tests:
-        sections.append(("Tests", section_tests))
-    sections += [
-        (f"Bandwidth per kind, float32 (peak {fmt(peak, '.0f')} GB/s)",
+    tests = ["tests"] if args.all_tests else TEST_FILES
+    log = out.with_name(out.name + ".pytest.log")
+    sections = [
+        ("machine", "Machine and backend choice", lambda: section_machine(platform)),
+        ("tests", "Tests", lambda: section_tests(tests, args.workers, log)),
+        ("bandwidth", f"Bandwidth per kind, float32 (peak {fmt(peak, '.0f')} GB/s)",
          lambda: section_bandwidth(platform, backends, layouts, "float32", peak)),
-        ("Shapes, float32", lambda: section_shapes(args.quick)),
+        ("shapes", "Shapes, float32",
+         lambda: section_shapes(args.quick, peak, args.skip_lax or platform == "cpu")),
+        ("tiles", "Pallas Triton tile sweep, plain solve, float32",
+         lambda: section_tiles(layouts, peak)),
     ]
-    if "pallas_triton" in backends:
-        sections.append(("Pallas Triton tile sweep, plain solve, float32",
-                         lambda: section_tiles(layouts, peak)))
-    for title, build in sections:
+    wanted = set(args.only or [name for name, _, _ in sections])
+    wanted -= {"tests"} if args.skip_tests else set()
+    wanted -= set() if "pallas_triton" in backends else {"tiles"}
+    for name, title, build in sections:
+        if name not in wanted:
+            continue
         t0 = time.perf_counter()
         body = build()
         report += [f"## {title}", "", *body, "", f"({time.perf_counter() - t0:.0f} s)", ""]
         print("\n".join(report[-len(body) - 5:]), flush=True)
+        out.write_text("\n".join(report) + "\n")  # what is done survives a run cut short
     report.append(f"Total: {time.perf_counter() - start:.0f} s.")
-    pathlib.Path(args.out).write_text("\n".join(report) + "\n")
-    print(f"wrote {args.out} in {time.perf_counter() - start:.0f} s")
+    out.write_text("\n".join(report) + "\n")
+    print(f"wrote {out} in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":
