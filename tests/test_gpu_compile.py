@@ -156,9 +156,10 @@ def test_entry_points_compile_without_spills_and_fill_the_device(dtype):
 
 
 def test_few_long_systems_fill_the_device():
-    # 64 systems of 10^6 rows (64 features of 10^6 steps): one block unless the rows are split
-    # into chunks. The chunk sweeps (each chunk a system of one batch) must fill the SMs; the
-    # reduced systems in between (one row per chunk, 1/m of the work) may launch fewer blocks.
+    # 2 048 systems of 10^5 rows (64 features of 10^6 steps): 32 blocks (one) unless the rows
+    # are split into chunks. The chunk sweeps (each chunk a system of one batch) must fill the
+    # SMs; the reduced systems in between (one row per chunk, 1/m of the work) may launch
+    # fewer blocks. (Fewer plain systems than that go to cuSPARSE: the test below.)
     _require_harness()
     reports = compile_reports(_long_cases())
     assert not _errors(reports), _errors(reports)
@@ -175,8 +176,22 @@ def test_few_long_systems_fill_the_device():
 
 
 def _long_cases():
-    return {**_cases("float32", 64, 10**6, names=("plain", "plain / grad")),
+    return {**_cases("float32", 2048, 10**5, names=("plain", "plain / grad")),
             **_cases("float32", 64, 10**6, names=("linear_recurrence",), axes=(0,))}
+
+
+def test_few_long_plain_systems_compile_to_cusparse():
+    # 64 systems of 10^6 rows and one of 10^7: cuSPARSE's gtsv2 (the planner's gpu_library),
+    # forward and gradient, in both layouts; no Pallas kernel, nothing spills.
+    _require_harness()
+    cases = {**_cases("float32", 64, 10**6, names=("plain", "plain / grad")),
+             "one system of 10^7 rows": ("tridiax:lambda *a: solve_tridiagonal(*a)",
+                                         [((10**7,), "float32")] * 4)}
+    reports = compile_reports(cases)
+    assert not _errors(reports), _errors(reports)
+    for case, r in reports.items():
+        assert not [k for k in r.kernels if k.origin == "pallas_triton"], (case, r.kernels)
+        assert not [k for k in r.kernels if k.spill_store_bytes or k.spill_load_bytes], case
 
 
 if __name__ == "__main__":  # print every kernel: python tests/test_gpu_compile.py [float32|float64|long]

@@ -78,13 +78,32 @@ RECURRENCE_ENTRY_POINTS = {
 }
 
 
+# Entry points whose systems (sequences) have rows narrower than a 32-byte memory sector in
+# float32: batch-first data, and 7 columns of 4 bytes. The GPU kernels read them moved to
+# columns (one XLA transpose per operand and one back); the others in place, untransposed.
+NARROW = {"plain last axis", "middle axis", "periodic grad", "periodic pivoted grad",
+          "pivoted last axis", "linear last axis reverse"}
+
+
+def _check_layout(name, lowered, kernels, dtype):
+    text = lowered.as_text()
+    narrow = name in NARROW and not (name == "middle axis" and jnp.dtype(dtype).itemsize == 8)
+    if not narrow:
+        assert "stablehlo.transpose" not in text
+        return
+    assert "stablehlo.transpose" in text
+    for ir in kernels:  # tiles of systems side by side along Q: each row load is contiguous
+        shapes = re.findall(r"tt\.load [^\n]*: tensor<(\d+)x(\d+)x", ir)
+        assert shapes and all(int(bp) == 1 for bp, _ in shapes), shapes
+
+
 @pytest.mark.parametrize("name", list(RECURRENCE_ENTRY_POINTS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_recurrences_lower_to_masked_triton_without_transpose(name, dtype):
+def test_recurrences_lower_to_masked_triton_in_their_layout(name, dtype):
     f, shape, kernels_expected = RECURRENCE_ENTRY_POINTS[name]
     lowered = _lower_cuda(f, jnp.ones(shape, dtype), jnp.ones(shape, dtype))
-    assert "stablehlo.transpose" not in lowered.as_text()
     kernels = triton_kernels(lowered)
+    _check_layout(name, lowered, kernels, dtype)
     assert len(kernels) == kernels_expected
     for ir in kernels:
         accesses = _loads_stores(ir)
@@ -94,12 +113,12 @@ def test_recurrences_lower_to_masked_triton_without_transpose(name, dtype):
 
 @pytest.mark.parametrize("name", list(ENTRY_POINTS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.bfloat16])
-def test_cuda_lowering_uses_triton_and_no_transpose(name, dtype):
+def test_cuda_lowering_uses_triton_in_the_coalesced_layout(name, dtype):
     f, shape = ENTRY_POINTS[name]
     args = [jnp.ones(shape, dtype)] * (5 if name == "vmap of vjp" else 4)
     lowered = _lower_cuda(f, *args)
-    assert "stablehlo.transpose" not in lowered.as_text()
     kernels = triton_kernels(lowered)
+    _check_layout(name, lowered, kernels, dtype)
     expected = 2 if name in ("grad", "jvp", "vmap of vjp", "periodic grad", "factored grad",
                              "pivoted grad", "periodic pivoted grad") else 1
     assert len(kernels) == expected
@@ -140,3 +159,25 @@ def test_broadcast_bands_are_not_materialised_on_gpu():
     lowered = _lower_cuda(lambda *a: tridiax.solve_tridiagonal(*a, axis=0), *bands, rhs)
     assert "stablehlo.broadcast_in_dim" not in lowered.as_text()
     assert len(triton_kernels(lowered)) == 1
+
+
+@pytest.mark.parametrize("shape,axis,options,library", [
+    ((100_000, 64), 0, {}, True),               # few long systems: cuSPARSE
+    ((64, 100_000), -1, {}, True),
+    ((10**6,), 0, {}, True),                    # one long system
+    ((100_000, 2048), 0, {}, False),            # more systems: the chunked Pallas kernels
+    ((1000, 64), 0, {}, False),                 # short systems: one Pallas launch
+    ((100_000, 64), 0, {"pivoting": True}, False),  # other kinds stay tridiax's
+    ((100_000, 64), 0, {"periodic": True}, False),
+    ((100_000, 64), 0, {"backend": "pallas_triton"}, False),  # what the user asks for
+    ((100_000, 64), 0, {"chunk": 0}, False),
+])
+def test_few_long_plain_systems_lower_to_cusparse(shape, axis, options, library):
+    from tridiax._solve import solve
+
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32)] * 4
+    solve_it = lambda *a: solve(*a, axis=axis, **options)  # noqa: E731
+    for f in (solve_it, jax.grad(lambda *a: jnp.sum(solve_it(*a) ** 2), argnums=(0, 1, 2, 3))):
+        text = _lower_cuda(f, *args).as_text()
+        assert ("cusparse_gtsv2_ffi" in text) == library
+        assert ("__gpu$xla.gpu.triton" in text) != library

@@ -137,3 +137,19 @@ def test_device_platform_of_this_machines_devices_has_backends():
         platform = _backend.device_platform(device)
         assert platform != "gpu"
         assert platform in _backend.PREFERENCE, platform
+
+
+def test_info_on_a_cuda_device_names_it_and_its_backends(monkeypatch):
+    # jax 0.11's CUDA devices say platform "gpu": --info must still list CUDA's backends (it
+    # said "no GPU visible" on an H100), and the cuSPARSE route for few long systems.
+    import jax
+
+    from tridiax import _info
+
+    device = _Device("gpu", _Client("cuda", "cuda 13.0"))
+    device.device_kind, device.id = "NVIDIA H100 80GB HBM3", 0
+    monkeypatch.setattr(jax, "devices", lambda *args: [device])
+    text = _info._report()
+    assert "0: NVIDIA H100 80GB HBM3 (cuda)" in text
+    assert "backends on cuda" in text and "no GPU visible" not in text
+    assert "cuSPARSE gtsv2" in text

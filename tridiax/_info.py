@@ -18,7 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import __version__, _backend
+from . import __version__, _backend, _planner
 from ._kernels import _native
 
 DTYPES = ("float32", "float64", "complex64", "complex128")
@@ -113,6 +113,9 @@ def _report() -> str:
         lines.append(f"backends on {platform} (the first of {_backend.PREFERENCE.get(platform, ('xla',))} "
                      "that can run the call; `backend=` overrides):")
         lines += _backend_table(platform)
+        if platform == "cuda":
+            lines.append(f"  and plain solves of at most {_planner.GPU_LIBRARY_SYSTEMS} systems of at "
+                         f"least {_planner.GPU_MIN_ROWS} rows: cuSPARSE gtsv2 (no backend= given)")
         lines.append(f"  why not the others, on {platform} (float32):")
         lines += _why_not(platform)
     if not any(p in _backend.GPU_PLATFORMS for p in platforms):

@@ -2,8 +2,8 @@
 
 An array of any rank whose systems lie along `axis` is, in row-major order, a 3-D array
 (P, N, Q): P = prod(shape[:axis]) groups of N rows, each row holding Q contiguous values.
-The reshape is free (a bitcast in XLA), so kernels address the solve axis directly and no
-array is ever transposed.
+The reshape is free (a bitcast in XLA), so kernels address the solve axis directly; the one
+transpose is `to_columns`, for the GPU kernels, whose row reads are coalesced only along Q.
 
 An operand that broadcasts against the full shape keeps size 1 in each of the three
 groups it does not vary over, so a matrix shared by all columns is never copied. Only an
@@ -53,3 +53,23 @@ def to_pnq(x: Array, axis: int, full_shape: tuple[int, ...], *, trailing: int = 
         p = math.prod(lead) if p is None else p
         q = math.prod(trail) if q is None else q
     return x.reshape(p, dims[axis], q, *tail)
+
+
+def to_columns(views, P: int, Q: int):
+    """(P|1, N|1, Q|1) views as (1, N|1, P*Q|1): every system a column, system (p, q) at
+    column p*Q + q, by one XLA transpose per operand (an operand broadcast along both P and Q
+    stays as it is; one broadcast along only one of them is materialised). Returns the views
+    and `back`, which puts a (1, M, P*Q) result back as (P, M, Q)."""
+    moved = []
+    for v in views:
+        p, n, q = v.shape
+        if p == 1 and q == 1:
+            moved.append(v)
+            continue
+        v = jnp.broadcast_to(v, (P, n, Q))
+        moved.append(v.transpose(1, 0, 2).reshape(1, n, P * Q))
+
+    def back(x: Array) -> Array:
+        return x.reshape(x.shape[1], P, Q).transpose(1, 0, 2)
+
+    return moved, back

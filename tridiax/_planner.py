@@ -9,6 +9,9 @@ Kernels receive decisions, they do not make them. Two decisions, one small funct
   when one tile's work rows would not fit in the core's cache. A linear recurrence is chunked
   only for parallelism (its sweep keeps no work rows). The reduced system of a chunked solve
   (one row per chunk) is planned again the same way: chunking recurses while it pays.
+- **Layout and library** (`gpu_columns`, `gpu_library`): on GPU, whether batch-first systems
+  are moved to columns for the Pallas kernels, and whether few long plain systems go to
+  cuSPARSE instead.
 - **Tiles** (`cpu_tiling`, `gpu_tiles`): how many systems (lanes) one program or one C++ tile
   sweeps together, and along which dimension of the (P, C, Q) lanes.
 
@@ -45,6 +48,9 @@ GPU_SMS = 132
 GPU_WIDE = GPU_SMS * 128
 GPU_LANES = GPU_SMS * 64 * 4
 GPU_MIN_ROWS = 4096
+# A GPU reads global memory in sectors of this many bytes: a row of a Pallas tile narrower than
+# a sector along Q (batch-first data: Q = 1) fetches a sector per system for a few bytes of it.
+GPU_SECTOR_BYTES = 32
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
 # The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
@@ -234,6 +240,38 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         if T % m == 0:
             return m
     return target
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout.
+
+
+# Plain solves of at most this many systems, of at least GPU_MIN_ROWS rows each, go to
+# cuSPARSE on NVIDIA GPUs (`_kernels/_cusparse.py`, which has the measurements).
+GPU_LIBRARY_SYSTEMS = 1024
+
+
+def gpu_library(P: int, N: int, Q: int, *, kind: str, platform: str, backend, chunk=None,
+                block=None) -> bool:
+    """Whether a solve of (P, N, Q) systems runs cuSPARSE's gtsv2 instead of the Pallas
+    kernels: plain solves of few long systems on CUDA, where the backend, the chunking and the
+    tiles are left to tridiax (`backend`: the user's, None for the default)."""
+    return (platform == "cuda" and backend is None and kind == "thomas" and chunk is None
+            and block is None and P * Q <= GPU_LIBRARY_SYSTEMS and N >= GPU_MIN_ROWS)
+
+
+def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None) -> bool:
+    """Whether the Pallas GPU kernels solve (P, N, Q) systems moved to columns, (1, N, P*Q),
+    by XLA transposes (`_layout.to_columns`): where a row of Q values is narrower than a memory
+    sector, so that reading a tile's row row by row would fetch a sector per system. On an
+    H100 (jax 0.11.2, float32) the Triton solve of (B, N) = (67 584, 1 000) along the last
+    axis took 14.1 ms read in place against 1.61 ms in the (N, B) layout, and the transposes
+    of its five arrays about 1.15 ms (the Mosaic GPU periodic solve, which moves them: 4.07
+    against 2.92 ms). A tile the user gives (`block`) is kept in their layout; interpret mode
+    ("pallas_interpret") follows the Triton kernels' plan, so that CPU tests run it."""
+    if backend not in ("pallas_triton", "pallas_interpret") or block is not None or P == 1:
+        return False
+    return Q * jnp.dtype(compute_dtype(dtype)).itemsize < GPU_SECTOR_BYTES
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from jax.interpreters import ad, batching
 
 from . import _backend, _bands, _chunked, _layout, _partition_method, _periodic, _planner, _sharding
 from ._jax_private import ShapedArray
+from ._kernels import _cusparse
 
 tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 
@@ -70,6 +71,7 @@ def _lowering(platform: str):
         full = _layout.broadcast_shape(lower, diag, upper, rhs)
         if 0 in full:
             return jnp.zeros(full, rhs.dtype)
+        chosen = backend
         backend = backend or _backend.default_backend(platform, rhs.dtype)
         kernels = _backend.kernels(backend)
         dtype = rhs.dtype
@@ -87,12 +89,21 @@ def _lowering(platform: str):
             shape = _layout.broadcast_shape(*operands)
             views = [_layout.to_pnq(x, axis, shape) for x in operands]
             P, N, Q = _layout.broadcast_shape(*views)
+            if _planner.gpu_library(P, N, Q, kind=kind, platform=platform, backend=chosen,
+                                    chunk=chunk, block=block):
+                x = _cusparse.solve_pnq(*views, transposed=transposed,
+                                        out_dtype=operands[3].dtype)
+                return x.reshape(shape)
+            back = None
+            if _planner.gpu_columns(P, Q, dtype, backend=backend, block=block):
+                views, back = _layout.to_columns(views, P, Q)
+                P, Q = 1, P * Q
             reduced = "periodic" if kind == "periodic" else "thomas"
             x = _chunked.solve_any(
                 kernels, *views, plan=plan(P, N, Q, kind, chunk), transposed=transposed,
                 kind=kind, out_dtype=operands[3].dtype,
                 replan=lambda P, C, Q: plan(P, C, Q, reduced, None if chunk != 0 else 0))
-            return x.reshape(shape)
+            return (x if back is None else back(x)).reshape(shape)
 
         split = None if kind == "factored" else functools.partial(
             _partition_method.solve_split, axis=axis, kind=kind, transposed=transposed,

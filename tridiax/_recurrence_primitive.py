@@ -78,7 +78,12 @@ def _lowering(platform: str):
             shape = _layout.broadcast_shape(a, x, h0, *states)
             state = _out_shape(shape, axis, True)
             a, x, *states = (_layout.to_pnq(v, axis, shape) for v in (a, x, *states))
+            h0 = _layout.to_pnq(h0, axis, state)
             P, T, Q = _layout.broadcast_shape(a, x, *states)
+            back = None
+            if _planner.gpu_columns(P, Q, x.dtype, backend=backend):
+                (a, x, h0, *states), back = _layout.to_columns((a, x, h0, *states), P, Q)
+                P, Q = 1, P * Q
             gated = None
             if states and in_kernel:
                 gated = (states[0], gate)
@@ -87,11 +92,11 @@ def _lowering(platform: str):
                 a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
                 x, shifted = slope * x, False
             h = _chunked.recurrence_any(
-                kernels, a, x, _layout.to_pnq(h0, axis, state), plan=plan(P, T, Q, chunk),
+                kernels, a, x, h0, plan=plan(P, T, Q, chunk),
                 reverse=reverse, shifted=shifted, final_only=final_only, gate=gated,
                 activation=activation,
                 replan=lambda P, C, Q: plan(P, C, Q, None if chunk != 0 else 0))
-            return h.reshape(_out_shape(shape, axis, final_only))
+            return (h if back is None else back(h)).reshape(_out_shape(shape, axis, final_only))
 
         def local(*operands):
             return local_recurrence(*operands, shifted=shifted, final_only=final_only)
