@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._layout import broadcast_shape
+from .._layout import broadcast_shape, to_columns
 from . import _pallas_recurrence, _pallas_thomas, _xla_recurrence, _xla_thomas
 
 LANES = 128  # columns of one block: one warpgroup, a column per thread
@@ -363,9 +363,9 @@ def _to_columns(arrays, *, rows=None, columns=_ALIGN, fills=None):
     writes the part inside."""
     P, N, Q = broadcast_shape(*arrays)
     full = [jnp.broadcast_to(x, (P, N, Q)).astype(jnp.float32) for x in arrays]
-    moved = Q < LANES and P > 1
-    if moved:  # systems along P: put them along the columns
-        full = [x.transpose(1, 0, 2).reshape(1, N, P * Q) for x in full]
+    from_columns = None
+    if Q < LANES and P > 1:  # systems along P: put them along the columns
+        full, from_columns = to_columns(full, P, Q)
     width = full[0].shape[2]
     pad_n = 0 if rows is None else -N % rows
     pad_q = -width % (columns if rows is None else LANES)
@@ -376,7 +376,7 @@ def _to_columns(arrays, *, rows=None, columns=_ALIGN, fills=None):
     def back(y):  # y has N rows, or one (a final state)
         rows_out = min(N, y.shape[1])
         y = y[:, :rows_out, :width]
-        return y.reshape(rows_out, P, Q).transpose(1, 0, 2) if moved else y
+        return y if from_columns is None else from_columns(y)
 
     return full, back
 
