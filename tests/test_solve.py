@@ -99,6 +99,21 @@ def test_batch_not_a_multiple_of_a_block(backend, batch, axis):
     assert_close(x, verify.reference_solve(*args, axis=axis), np.float32)
 
 
+@pytest.mark.parametrize("shape,axis", [((1,), 0), ((5,), 0), ((11, 3), 0), ((3, 11), -1),
+                                        ((2, 7, 1), 1)])
+@pytest.mark.parametrize("kind", [{}, {"pivoting": True}, {"periodic": True}])
+def test_a_block_wider_than_the_systems_is_cut_to_them(shape, axis, kind):
+    # A user's Pallas tile larger than the batch on either side (here 4 x 64 over 1 to 3
+    # systems) is cut to the systems there are; it used to fail on a store's shape.
+    if kind.get("periodic") and shape[axis] < 3:
+        return
+    backend = "pallas_triton" if "pallas_triton" in backends() else "pallas_interpret"
+    args = random_bands(shape, np.float32, seed=len(shape))
+    x = solve(*args, axis=axis, backend=backend, block=(4, 64), **kind)
+    expected = verify.reference_solve(*args, axis=axis, periodic=kind.get("periodic", False))
+    assert_close(x, expected, np.float32)
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_long_systems(backend):
     args = random_bands((2000, 3), np.float64, seed=11)

@@ -142,6 +142,9 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
     """
     P, _, Q = np.broadcast_shapes(*(x.shape[-3:] for x in operands))
     tiles = tiles or Tiles.default(P, Q)
+    bp, bq = min(tiles.bp, _next_power_of_2(P)), min(tiles.bq, _next_power_of_2(Q))
+    if (bp, bq) != (tiles.bp, tiles.bq):  # a tile (the user's block) wider than the systems
+        tiles = Tiles.of_block(bp, bq)
     is_complex = [jnp.iscomplexobj(x) for x in operands] + [
         jnp.issubdtype(dtype, jnp.complexfloating) for _, dtype in out_shapes]
     parts = [p for x in operands for p in ((x.real, x.imag) if jnp.iscomplexobj(x) else (x,))]
