@@ -171,3 +171,15 @@ def equations(jaxpr, primitive: str) -> list:
                 if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
                     found.extend(equations(sub, primitive))
     return found
+
+
+def factors_by_loop(lo, di, up, axis):
+    """(l, m, c') of A = L D V by a Python loop over the rows, in float64 / complex128."""
+    lo, di, up = (np.moveaxis(np.asarray(v, np.complex128), axis, 0)
+                  for v in np.broadcast_arrays(lo, di, up))
+    l, m, c = np.zeros_like(lo), np.zeros_like(lo), np.zeros_like(lo)
+    for i in range(lo.shape[0]):
+        m[i] = 1 / (di[i] - (lo[i] * c[i - 1] if i else 0))
+        l[i] = lo[i] * m[i - 1] if i else 0
+        c[i] = up[i] * m[i] if i < lo.shape[0] - 1 else 0
+    return tuple(np.moveaxis(v, 0, axis) for v in (l, m, c))

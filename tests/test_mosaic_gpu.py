@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gpu_aot import compile_reports
-from helpers import RTOL, numpy_loop, random_bands
+from helpers import RTOL, factors_by_loop, numpy_loop, random_bands
 from test_gpu_compile import SMS, WIDE, _errors, _require_harness
 
 from tridiax import _backend, _jax_private, verify
@@ -121,6 +121,27 @@ def test_other_kinds_in_the_interpreter(kind, shape, transposed):
         ref = _reference(lower, diag, upper, rhs, transposed)
     assert x.shape == shape
     np.testing.assert_allclose(x, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 7, 5), (2, 33, 130), (6, 4, 1)])
+def test_factor_in_the_interpreter(shape):
+    # The factorization's kernel (the Triton factor body over WarpgroupRows), against the
+    # elimination written out row by row; then the factored kernel solves with its factors.
+    rng = np.random.default_rng(sum(shape))
+    lower, diag, upper, rhs = (jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+                               for _ in range(4))
+    diag = diag + 3
+    factors = _mosaic_gpu.factor_pnq(lower, diag, upper, out_dtype=jnp.float32,
+                                     interpret=INTERPRETER)
+    for got, expected in zip(factors, factors_by_loop(lower, diag, upper, 1), strict=True):
+        assert got.shape == shape and got.dtype == jnp.float32
+        np.testing.assert_allclose(got, expected.real, rtol=1e-6, atol=1e-6)
+    x = _mosaic_gpu.solve_pnq(*factors, rhs, transposed=False, out_dtype=jnp.float32,
+                              kind="factored", interpret=INTERPRETER)
+    ref = verify.reference_solve(*(np.asarray(v, np.float64) for v in (lower, diag, upper, rhs)),
+                                 axis=1)
+    np.testing.assert_allclose(x, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
 
 
 @needs_interpreter

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_close, backends, random_bands
+from helpers import assert_close, backends, factors_by_loop, random_bands
 from helpers import dense_numpy as dense
 from jax.test_util import check_grads
 
@@ -155,6 +155,35 @@ def test_factorization_matches_scipy(shape, axis, dtype):
             tridiax.Tridiagonal(lo, di, up, axis=axis - len(shape) if axis >= 0 else axis))
         many = np.stack([b, 2 * b])
         assert_close(fact.solve(many), np.stack([expected, 2 * expected]), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, jnp.bfloat16],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape,axis,shapes", [
+    *((s, a, None) for s, a in CASES),
+    ((9, 70), 0, [(9, 1), (9, 70), (1, 70)]),  # bands broadcast along the systems
+    ((70, 9), -1, [(1, 9), (70, 9), (70, 1)]),  # batch-first (moved to columns on GPU)
+])
+@pytest.mark.parametrize("block", [None, (1, 8), (2, 2)])
+def test_factorization_kernels_match_a_loop(shape, axis, shapes, dtype, block):
+    # Every backend's factor kernel (Pallas: ragged tiles with every access masked when a
+    # block is given), against the elimination written out row by row.
+    lo, di, up, _ = random_bands(shape, np.float64, seed=13, shapes=shapes and shapes + [shape])
+    cast = [jnp.asarray(v, dtype) for v in (lo, di, up)]
+    if np.issubdtype(dtype, np.complexfloating):
+        cast[0] = cast[0] * (1 + 0.5j)
+    expected = factors_by_loop(*cast, axis)
+    tol = {np.dtype(jnp.bfloat16): 3e-2, np.dtype(np.float64): 1e-13}.get(np.dtype(dtype), 3e-6)
+    for backend in backends(dtype):
+        if block is not None and not backend.startswith("pallas"):
+            continue
+        fact = tridiax.TDMA(backend=backend, block=block).factor(
+            tridiax.Tridiagonal(*cast, axis=axis))
+        got = (fact.lower_factor, fact.inverse_pivots, fact.upper_factor)
+        for name, g, e in zip(("l", "m", "c'"), got, expected, strict=True):
+            assert g.dtype == dtype and g.shape == e.shape, (backend, name, g.dtype, g.shape)
+            np.testing.assert_allclose(np.asarray(g, np.complex128), e, rtol=tol,
+                                       atol=tol * np.abs(e).max(), err_msg=f"{backend} {name}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])

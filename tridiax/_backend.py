@@ -246,22 +246,22 @@ def kernels(backend: str) -> Kernels:
     if backend == "native":
         return Kernels(_native.solve_pnq, _native.chunk_ends_pnq, _native.chunk_solve_pnq,
                        _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq)
-    def composed(solve, recurrence, *, stack=True):
-        # The chunk sweeps composed from the plain kernels (`_composed_chunks.py`); factor()
-        # is XLA's on every backend but the native one.
+    def composed(solve, recurrence, factor, *, stack=True):
+        # The chunk sweeps composed from the plain kernels (`_composed_chunks.py`).
         chunks = _composed_chunks.composed(solve, recurrence, stack=stack)
-        return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"],
-                       _ignoring_tiling(_xla_thomas.factor_pnq), chunks["recurrence"],
-                       chunks["recurrence_ends"])
+        return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"], factor,
+                       chunks["recurrence"], chunks["recurrence_ends"])
 
     if backend == "xla":
         return composed(_ignoring_tiling(_xla_thomas.solve_pnq),
-                        _ignoring_tiling(_xla_recurrence.recurrence_pnq))
+                        _ignoring_tiling(_xla_recurrence.recurrence_pnq),
+                        _ignoring_tiling(_xla_thomas.factor_pnq))
     if backend == "mosaic_gpu":
         from ._kernels import _mosaic_gpu
 
         return composed(_ignoring_tiling(_mosaic_gpu.solve_pnq),
-                        _ignoring_tiling(_mosaic_gpu.recurrence_pnq))
+                        _ignoring_tiling(_mosaic_gpu.recurrence_pnq),
+                        _ignoring_tiling(_mosaic_gpu.factor_pnq))
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -275,7 +275,7 @@ def kernels(backend: str) -> Kernels:
         return call
 
     return composed(pallas(_pallas_thomas.solve_pnq), pallas(_pallas_recurrence.recurrence_pnq),
-                    stack=backend != "pallas_triton")
+                    pallas(_pallas_thomas.factor_pnq), stack=backend != "pallas_triton")
 
 
 def banded_kernel(backend: str) -> Callable:

@@ -175,7 +175,7 @@ def _factor(call, *bands):
         di = _bands.broadcast_along(di, axis, n)
         d_last = lax.slice_in_dim(di, n - 1, n, axis=axis)
         di = _bands.set_ends(di, d0 - gamma, d_last - alpha * beta / gamma, axis)
-    factors = _factor_arrays(lo, di, up, axis, dtype)
+    factors = _factor_arrays(lo, di, up, axis, dtype, backend, block)
     correction = weight = None
     if periodic:
         # z = T'^{-1} u with u = (gamma, 0, ..., 0, beta); w = z / (1 + v.z), kappa = alpha/gamma.
@@ -188,10 +188,12 @@ def _factor(call, *bands):
     return (*bands, *factors, correction, weight)
 
 
-def _factor_arrays(lower, diag, upper, axis: int, dtype) -> tuple[Array, Array, Array]:
-    """(l, m, c') of the bands along `axis`, each of the bands' broadcast shape."""
+def _factor_arrays(lower, diag, upper, axis: int, dtype, backend, block
+                   ) -> tuple[Array, Array, Array]:
+    """(l, m, c') of the bands along `axis`, each of the bands' broadcast shape, by `backend`'s
+    factor kernel (None: the platform's default) in `block` tiles (Pallas; None: the plan's)."""
     return tuple(factor_p.bind(lower.astype(dtype), diag.astype(dtype), upper.astype(dtype),
-                               axis=axis))
+                               axis=axis, backend=backend, block=block))
 
 
 # The elimination without a right-hand side, as a primitive so that its lowering can be
@@ -203,23 +205,29 @@ def_jit_impl(factor_p)
 
 
 @factor_p.def_abstract_eval
-def _factor_abstract_eval(lower, diag, upper, *, axis):
+def _factor_abstract_eval(lower, diag, upper, *, axis, backend, block):
     full = _layout.broadcast_shape(lower, diag, upper)
     return [ShapedArray(full, diag.dtype)] * 3
 
 
 def _factor_lowering(platform: str):
-    def factor_bands(lower, diag, upper, *, axis):
+    def factor_bands(lower, diag, upper, *, axis, backend, block):
         full = _layout.broadcast_shape(lower, diag, upper)
-        backend = _backend.default_backend(platform, diag.dtype)
+        backend = backend or _backend.default_backend(platform, diag.dtype)
         kernel = _backend.kernels(backend).factor
 
         def local(*bands):  # the systems one device holds; a split axis is gathered
             shape = _layout.broadcast_shape(*bands)
             views = [_layout.to_pnq(x, axis, shape) for x in bands]
             P, N, Q = _layout.broadcast_shape(*views)
-            plan = _planner.factor_plan(backend, P, N, Q, diag.dtype)
+            back = None
+            if _planner.gpu_columns(P, Q, diag.dtype, backend=backend, block=block):
+                views, back = _layout.to_columns(views, P, Q)  # as the solves do
+                P, Q = 1, P * Q
+            plan = _planner.factor_plan(backend, P, N, Q, diag.dtype, block=block)
             factors = kernel(*views, out_dtype=diag.dtype, tiling=plan.tiling)
+            if back is not None:
+                factors = tuple(back(f) for f in factors)
             return tuple(f.reshape(shape) for f in factors)
 
         bands = (lower, diag, upper)
@@ -234,9 +242,9 @@ for _platform in ("cpu", "cuda", "rocm", "tpu"):
                                 multiple_results=True)
 
 
-def _factor_batch(operands, dims, *, axis):
+def _factor_batch(operands, dims, *, axis, backend, block):
     moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
-    return factor_p.bind(*moved, axis=axis), [bdim] * 3
+    return factor_p.bind(*moved, axis=axis, backend=backend, block=block), [bdim] * 3
 
 
 batching.primitive_batchers[factor_p] = _factor_batch

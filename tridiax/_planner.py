@@ -354,9 +354,9 @@ def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, 
     return Plan(m, _tiling(backend, P, C, Q, m or T, dtype, columns=0, block=block))
 
 
-def factor_plan(backend: str, P: int, N: int, Q: int, dtype) -> Plan:
+def factor_plan(backend: str, P: int, N: int, Q: int, dtype, *, block=None) -> Plan:
     """The plan of one factorization (never chunked: each row is written as it is formed)."""
-    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0))
+    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0, block=block))
 
 
 def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, scan=False):

@@ -302,6 +302,25 @@ def _other_kind(l, d, u, b, *, kind, transposed, interpret):
     return outs[0]
 
 
+def factor_pnq(l, d, u, *, out_dtype, interpret=None, tiles=None):
+    """The factors (l, m, c') of the (P|1, N|1, Q|1) bands' systems along axis 1 (see
+    `_xla_thomas.factor_pnq`): `_pallas_thomas`'s factor body over `WarpgroupRows`, in whole
+    128-column tiles padded with solvable systems (diagonal 1)."""
+    if not runs(out_dtype):
+        return _xla_thomas.factor_pnq(l, d, u, out_dtype=out_dtype)
+    del tiles
+    _, plgpu = _modules()
+    (l, d, u), back = _to_columns((l, d, u), columns=LANES, fills=(0, 1, 0))
+    P, N, Q = d.shape
+    out = jax.ShapeDtypeStruct((P, N, Q), jnp.float32)
+    body = functools.partial(_pallas_thomas._factor_kernel, n=N, dtype=jnp.float32, tiles=None,
+                             P=P, Q=Q,
+                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
+    factors = _kernel(plgpu, body, out_type=(out,) * 3, grid=(P, Q // LANES),
+                      grid_names=("p", "q"), interpret=interpret)(l, d, u)
+    return tuple(back(f).astype(out_dtype) for f in factors)
+
+
 def _activated_recurrence(a, x, h0, *, activation, reverse, shifted, final_only, interpret):
     """h[t] = activation(c[t] h[t-1] + x[t]) (IndRNN) over full float32 (P, T, Q) arrays, Q a
     multiple of LANES: `_pallas_recurrence`'s kernel body over `WarpgroupRows`."""

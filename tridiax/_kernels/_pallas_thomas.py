@@ -20,6 +20,9 @@ transposed matrix, sub[i] = u[i-1], sup[i] = l[i+1]):
 
 Triton has no scratch memory, so c', z (and y' for half precision, which is eliminated in
 float32) are extra outputs that the launcher drops.
+
+`factor_pnq` is the forward elimination alone, for `TridiagonalFactorization`: it writes the
+factors (l, m, c') that the "factored" kind reads, one sweep and no back substitution.
 """
 
 from __future__ import annotations
@@ -196,6 +199,50 @@ def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u
         return full(x), x1
 
     lax.fori_loop(0, n - 1, backward, (full(x_last), zero))
+
+
+def _factor_kernel(l_ref, d_ref, u_ref, lo_ref, m_ref, c_ref, *, n, dtype, tiles, P, Q,
+                   rows_class=TileRows):
+    """The factors of one program's tile (`_xla_thomas.factor_sweep` states them): l[i] =
+    lower[i]*m[i-1] (l[0] = 0), m[i] = 1/pivot[i], c'[i] = upper[i]*m[i] (c'[N-1] = 0), in the
+    compute `dtype`. `rows_class` as for `_kernel`."""
+    rows = rows_class(P, Q, tiles, dtype)
+    load, store, full = rows.load, rows.store, rows.full
+    m0 = 1 / load(d_ref, 0)
+    store(m_ref, 0, m0)
+    store(lo_ref, 0, zeros_like(m0))
+    if n == 1:
+        store(c_ref, 0, zeros_like(m0))
+        return
+
+    def row(i, m_prev, c_prev):
+        a = load(l_ref, i)
+        m = 1 / (load(d_ref, i) - a * c_prev)
+        store(lo_ref, i, a * m_prev)
+        store(m_ref, i, m)
+        return m
+
+    def eliminate(i, carry):
+        m = row(i, *carry)
+        c = load(u_ref, i) * m
+        store(c_ref, i, c)
+        return full(m), full(c)
+
+    c0 = load(u_ref, 0) * m0
+    store(c_ref, 0, c0)
+    carry = lax.fori_loop(1, n - 1, eliminate, (full(m0), full(c0)))
+    m = row(n - 1, *carry)  # the last row has no upper band: c'[N-1] = 0
+    store(c_ref, n - 1, zeros_like(m))
+
+
+def factor_pnq(l, d, u, *, out_dtype, interpret: bool = False, tiles=None,
+               compiler_params=None):
+    """The factors (l, m, c') of the (P|1, N|1, Q|1) bands' systems along axis 1 with the
+    Pallas kernel, as `_xla_thomas.factor_pnq`: three (P, N, Q) arrays of `out_dtype`."""
+    N = broadcast_shape(l, d, u)[1]
+    kernel = functools.partial(_factor_kernel, n=N, dtype=compute_dtype(out_dtype))
+    return tuple(launch(kernel, (l, d, u), [(N, out_dtype)] * 3, name="tridiax_factor",
+                        interpret=interpret, tiles=tiles, compiler_params=compiler_params))
 
 
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
