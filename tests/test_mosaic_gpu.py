@@ -124,24 +124,30 @@ def test_other_kinds_in_the_interpreter(kind, shape, transposed):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 7, 5), (2, 33, 130), (6, 4, 1)])
-def test_factor_in_the_interpreter(shape):
+@pytest.mark.parametrize("shape,band_shape", [((1, 1, 1), None), ((1, 2, 5), None),
+                                              ((1, 7, 5), None), ((2, 33, 130), None),
+                                              ((6, 4, 1), None), ((3, 9, 5), (1, 9, 1))])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_factor_in_the_interpreter(shape, band_shape, dtype):
     # The factorization's kernel (the Triton factor body over WarpgroupRows), against the
     # elimination written out row by row; then the factored kernel solves with its factors.
+    # `band_shape`: the lower band shared by every system.
     rng = np.random.default_rng(sum(shape))
-    lower, diag, upper, rhs = (jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
-                               for _ in range(4))
+    lower, diag, upper, rhs = (jnp.asarray(rng.uniform(-1, 1, s), jnp.float32)
+                               for s in (band_shape or shape, shape, shape, shape))
     diag = diag + 3
-    factors = _mosaic_gpu.factor_pnq(lower, diag, upper, out_dtype=jnp.float32,
-                                     interpret=INTERPRETER)
+    factors = _mosaic_gpu.factor_pnq(lower, diag, upper, out_dtype=dtype, interpret=INTERPRETER)
+    tol = 1e-6 if dtype == jnp.float32 else 1e-2
     for got, expected in zip(factors, factors_by_loop(lower, diag, upper, 1), strict=True):
-        assert got.shape == shape and got.dtype == jnp.float32
-        np.testing.assert_allclose(got, expected.real, rtol=1e-6, atol=1e-6)
+        assert got.shape == shape and got.dtype == dtype
+        np.testing.assert_allclose(np.asarray(got, np.float64), expected.real, rtol=tol,
+                                   atol=tol)
+    factors = [f.astype(jnp.float32) for f in factors]
     x = _mosaic_gpu.solve_pnq(*factors, rhs, transposed=False, out_dtype=jnp.float32,
                               kind="factored", interpret=INTERPRETER)
     ref = verify.reference_solve(*(np.asarray(v, np.float64) for v in (lower, diag, upper, rhs)),
                                  axis=1)
-    np.testing.assert_allclose(x, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_allclose(x, ref, rtol=0, atol=10 * tol * np.abs(ref).max())
 
 
 @needs_interpreter

@@ -254,6 +254,17 @@ def test_gradients_match_dense(periodic, factored):
     check_grads(ours, args, order=2, modes=("fwd", "rev"))
 
 
+@pytest.mark.parametrize("shape,axis", [((5, 0), 0), ((0, 5), -1), ((0, 5, 3), 1)])
+@pytest.mark.parametrize("periodic", [False, True])
+def test_factorization_of_no_systems(shape, axis, periodic):
+    for backend in backends():
+        op = tridiax.Tridiagonal(*(jnp.ones(shape) for _ in range(3)), axis=axis,
+                                 periodic=periodic)
+        fact = tridiax.TDMA(backend=backend).factor(op)
+        assert fact.inverse_pivots.shape == shape, backend
+        assert fact.solve(jnp.ones(shape)).shape == shape, backend
+
+
 def test_factorization_under_vmap_and_jit():
     lo, di, up, b = random_bands((7, 5, 4), seed=11)
     facts = jax.vmap(lambda l, d, u: tridiax.Tridiagonal(l, d, u, axis=0).factor(), in_axes=2)(lo, di, up)

@@ -213,6 +213,8 @@ def _factor_abstract_eval(lower, diag, upper, *, axis, backend, block):
 def _factor_lowering(platform: str):
     def factor_bands(lower, diag, upper, *, axis, backend, block):
         full = _layout.broadcast_shape(lower, diag, upper)
+        if 0 in full:  # no systems (or no rows): nothing to launch
+            return [jnp.zeros(full, diag.dtype)] * 3
         backend = backend or _backend.default_backend(platform, diag.dtype)
         kernel = _backend.kernels(backend).factor
 

@@ -19,10 +19,11 @@ written, so N and Q may be anything.
 - Linear recurrence h[t] = a[t] h[t-1] + x[t] from h = 0: an initial state, a reversed or a
   shifted coefficient are folded in by `recurrence_pnq` around the kernel.
 
-The other kinds (periodic, pivoted, pivoted periodic, factored) and IndRNN's nonlinear
-recurrences run the Triton kernels' bodies (`_pallas_thomas.py`, `_pallas_recurrence.py`)
-through `WarpgroupRows`: each row a coalesced 512-byte load or store from global memory, no
-TMA pipeline, Q padded to whole 128-column tiles.
+The other kinds (periodic, pivoted, pivoted periodic, factored), the factorization
+(`factor_pnq`) and IndRNN's nonlinear recurrences run the Triton kernels' bodies
+(`_pallas_thomas.py`, `_pallas_recurrence.py`) through `WarpgroupRows`: each row a coalesced
+512-byte load or store from global memory, no TMA pipeline, Q padded to whole 128-column
+tiles.
 
 Real float32/float16/bfloat16 only (computed in float32; Mosaic GPU has no float64 or
 complex: `_backend.unavailable` refuses them). An activation that calls a custom_jvp (other

@@ -136,7 +136,8 @@ def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,
 
     Operands are (P|1, ·, Q|1), or have leading dimensions before those three (the band stack
     of a banded solve), which every tile takes whole. `out_shapes` are (rows, dtype) pairs;
-    every output is (P, rows, Q). `compiler_params`, if given, maps the tiles to the backend's
+    every output is (P, rows, Q). A tile wider than P or Q (a user's block) is cut to the next
+    power of two of it. `compiler_params`, if given, maps the tiles to the backend's
     CompilerParams. Complex operands and outputs travel as their real and imaginary parts, and
     the kernel sees a `SplitRef` for each.
     """
