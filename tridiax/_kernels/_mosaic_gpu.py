@@ -288,19 +288,26 @@ class WarpgroupRows:
         return self._zeros + value
 
 
+def _over_warpgroup_rows(body, operands, out_type, *, interpret, **params):
+    """A Triton kernel body (`_pallas_thomas`, `_pallas_recurrence`) run over `WarpgroupRows`
+    on full float32 (P|1, ·, Q) operands, Q a multiple of LANES: one warpgroup per 128 columns
+    of each of the P rows of tiles."""
+    _, plgpu = _modules()
+    P, _, Q = broadcast_shape(*operands)
+    body = functools.partial(body, tiles=None, P=P, Q=Q, **params,
+                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
+    return _kernel(plgpu, body, out_type=out_type, grid=(P, Q // LANES), grid_names=("p", "q"),
+                   interpret=interpret)(*operands)
+
+
 def _other_kind(l, d, u, b, *, kind, transposed, interpret):
     """The periodic, pivoted and factored solves of full float32 (P, N, Q) arrays, Q a
     multiple of LANES: `_pallas_thomas`'s kernel body over `WarpgroupRows`."""
-    _, plgpu = _modules()
-    P, N, Q = b.shape
+    out = jax.ShapeDtypeStruct(b.shape, jnp.float32)
     work = _pallas_thomas._WORK_OUTPUTS[kind]
-    out = jax.ShapeDtypeStruct((P, N, Q), jnp.float32)
-    body = functools.partial(_pallas_thomas._kernel, n=N, kind=kind, transposed=transposed,
-                             tiles=None, P=P, Q=Q,
-                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
-    outs = _kernel(plgpu, body, out_type=(out,) * (1 + work), grid=(P, Q // LANES),
-                   grid_names=("p", "q"), interpret=interpret)(l, d, u, b)
-    return outs[0]
+    return _over_warpgroup_rows(_pallas_thomas._kernel, (l, d, u, b), (out,) * (1 + work),
+                                interpret=interpret, n=b.shape[1], kind=kind,
+                                transposed=transposed)[0]
 
 
 def factor_pnq(l, d, u, *, out_dtype, interpret=None, tiles=None):
@@ -310,30 +317,21 @@ def factor_pnq(l, d, u, *, out_dtype, interpret=None, tiles=None):
     if not runs(out_dtype):
         return _xla_thomas.factor_pnq(l, d, u, out_dtype=out_dtype)
     del tiles
-    _, plgpu = _modules()
     (l, d, u), back = _to_columns((l, d, u), columns=LANES, fills=(0, 1, 0))
-    P, N, Q = d.shape
-    out = jax.ShapeDtypeStruct((P, N, Q), jnp.float32)
-    body = functools.partial(_pallas_thomas._factor_kernel, n=N, dtype=jnp.float32, tiles=None,
-                             P=P, Q=Q,
-                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
-    factors = _kernel(plgpu, body, out_type=(out,) * 3, grid=(P, Q // LANES),
-                      grid_names=("p", "q"), interpret=interpret)(l, d, u)
+    out = jax.ShapeDtypeStruct(d.shape, jnp.float32)
+    factors = _over_warpgroup_rows(_pallas_thomas._factor_kernel, (l, d, u), (out,) * 3,
+                                   interpret=interpret, n=d.shape[1], dtype=jnp.float32)
     return tuple(back(f).astype(out_dtype) for f in factors)
 
 
 def _activated_recurrence(a, x, h0, *, activation, reverse, shifted, final_only, interpret):
     """h[t] = activation(c[t] h[t-1] + x[t]) (IndRNN) over full float32 (P, T, Q) arrays, Q a
     multiple of LANES: `_pallas_recurrence`'s kernel body over `WarpgroupRows`."""
-    _, plgpu = _modules()
     P, T, Q = x.shape
-    body = functools.partial(_pallas_recurrence._recurrence_kernel, T=T, reverse=reverse,
-                             shifted=shifted, activation=activation, final_only=final_only,
-                             tiles=None, P=P, Q=Q,
-                             rows_class=functools.partial(WarpgroupRows, interpret=interpret))
     out = jax.ShapeDtypeStruct((P, 1 if final_only else T, Q), jnp.float32)
-    return _kernel(plgpu, body, out_type=out, grid=(P, Q // LANES), grid_names=("p", "q"),
-                   interpret=interpret)(a, x, h0)
+    return _over_warpgroup_rows(_pallas_recurrence._recurrence_kernel, (a, x, h0), out,
+                                interpret=interpret, T=T, reverse=reverse, shifted=shifted,
+                                activation=activation, final_only=final_only)
 
 
 def _recurrence(a, x, *, interpret):
