@@ -131,6 +131,38 @@ def test_every_kind_at_a_million_rows_matches_reference(kind):
     assert np.max(np.abs(residual)) / np.max(scale) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", ["thomas", "periodic", "pivoted", "periodic_pivoted"])
+def test_few_narrow_systems_along_axis_0_match_reference(kind, dtype):
+    """(N, 3) along axis 0, the planner's own route: chunks of 3 contiguous lanes for the
+    chunked kinds, tiles of one system per core's share for the sequential ones; the
+    gradient and a linear recurrence over the same layout too."""
+    n, q = 40_000, 3
+    periodic, pivoting = "periodic" in kind, "pivoted" in kind
+    plan = _planner.solve_plan("native", "cpu", 1, n, q, dtype, kind=kind)
+    assert (plan.chunk > 0) == (kind in _planner.CHUNKED_KINDS)
+    assert plan.tiling.width <= q
+    l, d, u, b = dominant_bands((n, q), dtype)
+    if pivoting:  # rows where pivoting swaps
+        d = d * np.where(np.arange(n) % 5 == 0, 0.05, 1.0)[:, None].astype(dtype)
+    public = tridiax.solve_periodic_tridiagonal if periodic else tridiax.solve_tridiagonal
+    x = public(l, d, u, b, axis=0, pivoting=pivoting)
+    ref = verify.reference_solve(l, d, u, b, axis=0, periodic=periodic)
+    assert rel_err(x, ref) < (1e3 if pivoting else 1) * tolerance(dtype)
+    if kind != "thomas":
+        return
+    # The gradient w.r.t. the diagonal: -b_bar * x, b_bar = A^{-T} x_bar, by a dense-free
+    # reference (the transposed system through verify).
+    g = jax.grad(lambda d: jnp.sum(solve(l, d, u, b, axis=0) ** 2))(jnp.asarray(d))
+    lt, ut = np.roll(u, 1, axis=0), np.roll(l, -1, axis=0)  # A^T's lower and upper bands
+    b_bar = verify.reference_solve(lt, d, ut, 2 * ref, axis=0)
+    assert rel_err(g, -b_bar * ref) < 10 * tolerance(dtype)
+    a = RNG.uniform(0.5, 1.0, (n, q)).astype(dtype)
+    h = tridiax.linear_recurrence(a, b, axis=0)
+    assert _planner.recurrence_plan("native", "cpu", 1, n, q, dtype, linear=True).chunk > 0
+    assert rel_err(h, numpy_loop(a, b, 0, False)) < tolerance(dtype)
+
+
 def test_planner_chunks_few_long_systems_only():
     plan = dict(kind="thomas", backend="native", platform="cpu")
     # One long system, a few long ones: chunked; many short ones: whole systems.
@@ -151,6 +183,19 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     assert _planner.cpu_tiling(1, 500, 1, 2000, np.float32, columns=3).lanes == "c"
+    # Chunks of systems a few values apart: one chunk's Q contiguous lanes per tile.
+    for dtype in (np.float32, np.float64):
+        for Q in sorted({2, 3, _planner.vector_lanes(dtype) - 1}):
+            for columns, rows in ((3, 4080), (0, 7812)):  # solve chunks, recurrence chunks
+                tiling = _planner.cpu_tiling(1, 245, Q, rows, dtype, columns=columns)
+                assert tiling == _planner.CpuTiling("q", Q)
+    # Strided tiles no wider than each core's share of the systems (the work rows of a tile
+    # are as wide as it is, whatever number of its lanes hold a system).
+    cores = _planner.cpu_cores()
+    for P in (1, 2, 3, 5, 20, 33, 64, 1000):
+        for kind_columns in (0, 4):
+            width = _planner.cpu_tiling(P, 1, 1, 10**6, np.float32, columns=kind_columns).width
+            assert 1 <= width <= -(-P // cores), (P, width)
     # Chunks of systems along Q: tiles of whole rows up to CHUNK_ROW_BYTES, else equal parts.
     for Q, dtype in ((1000, np.float32), (1001, np.float64), (4100, np.float32),
                      (100_000, np.complex128)):

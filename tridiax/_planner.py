@@ -194,7 +194,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # their work rows (3 columns) at that width, but at least 112 rows: shorter ones cost
         # more in boundary work than their cache misses do ((10 000, 1 000) float32 and
         # float64: chunks of 48 rows 10-15% slower than 112).
-        width = cpu_tiling(P, 2, Q, 1, dtype, columns=3).width
+        width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=3).width  # the most chunks
         target = 2 * cpu_cache_bytes() // (3 * width * itemsize)
         target = int(np.clip(1 << int(np.log2(max(target, 1))), 128, 4096))
         # Off a power of two: chunks 2^k values apart would map to one set of the L1 cache.
@@ -309,6 +309,13 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
             width = max(64 // itemsize, -(-Q // cores))
         width = max(8, width - width % 8)
         return CpuTiling("q", width)
+    if C > 1 and Q > 1:
+        # Chunks of systems a few values apart (an (N, 3) field along axis 0): a tile takes
+        # one chunk's Q lanes, contiguous, so each band is one stream. Tiles of 32 chunks
+        # gathered each value on its own and re-read each line for every one of the Q lanes:
+        # (N, Q) = (10^6, 4) float32 took 47.9 ms against 15.8, (10^6, 15) 276 against 39
+        # (2-core Zen 4, side by side).
+        return CpuTiling("q", Q)
     # Strided lanes: two vectors (latency of the division chain hidden, few streams). Chunks
     # of one system lie next to each other: their streams share pages, so chunked sweeps
     # take their lanes along the chunks.
@@ -321,7 +328,12 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # of 10^7 rows took 48 ms against 73 ms with two (2-core Zen 4; float32 is fastest
         # with two vectors, 25 ms against 39 ms with one).
         width = max(8, L)
-    return CpuTiling(lanes, width)
+    # No wider than each core's share of the lanes: the kernel keeps `columns` work rows of
+    # the tile's width however many of them hold a system, so a pivoted solve of one system of
+    # 10^7 rows in tiles of 32 lanes wrote 5 GB of work rows (float32, 550 ms; 2-core Zen 4),
+    # and 20 systems made one tile, for one core.
+    share = -(-(C if lanes == "c" else P) // cores)
+    return CpuTiling(lanes, min(width, share))
 
 
 def _chunk_tile_width(Q: int, itemsize: int) -> int:
