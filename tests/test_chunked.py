@@ -151,6 +151,8 @@ def test_few_narrow_systems_along_axis_0_match_reference(kind, dtype):
     assert rel_err(x, ref) < (1e3 if pivoting else 1) * tolerance(dtype)
     if kind != "thomas":
         return
+    factored = tridiax.Tridiagonal(l, d, u, axis=0).factor().solve(b)  # never chunked
+    assert rel_err(factored, ref) < tolerance(dtype)
     # The gradient w.r.t. the diagonal: -b_bar * x, b_bar = A^{-T} x_bar, by a dense-free
     # reference (the transposed system through verify).
     g = jax.grad(lambda d: jnp.sum(solve(l, d, u, b, axis=0) ** 2))(jnp.asarray(d))
@@ -189,6 +191,9 @@ def test_planner_chunks_few_long_systems_only():
             for columns, rows in ((3, 4080), (0, 7812)):  # solve chunks, recurrence chunks
                 tiling = _planner.cpu_tiling(1, 245, Q, rows, dtype, columns=columns)
                 assert tiling == _planner.CpuTiling("q", Q)
+            # ... and whole ones, too few to give every core Q of them (pivoted, factored).
+            tiling = _planner.cpu_tiling(1, 1, Q, 10**6, dtype, columns=4)
+            assert tiling == _planner.CpuTiling("q", Q)
     # Strided tiles no wider than each core's share of the systems (the work rows of a tile
     # are as wide as it is, whatever number of its lanes hold a system).
     cores = _planner.cpu_cores()

@@ -309,12 +309,12 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
             width = max(64 // itemsize, -(-Q // cores))
         width = max(8, width - width % 8)
         return CpuTiling("q", width)
-    if C > 1 and Q > 1:
-        # Chunks of systems a few values apart (an (N, 3) field along axis 0): a tile takes
-        # one chunk's Q lanes, contiguous, so each band is one stream. Tiles of 32 chunks
-        # gathered each value on its own and re-read each line for every one of the Q lanes:
-        # (N, Q) = (10^6, 4) float32 took 47.9 ms against 15.8, (10^6, 15) 276 against 39
-        # (2-core Zen 4, side by side).
+    if Q > 1 and (C > 1 or -(-P // cores) < Q):
+        # Systems a few values apart (an (N, 3) field along axis 0), chunked or too few to
+        # give each core Q of them: a tile takes one chunk's (system's) Q lanes, contiguous,
+        # so each band is one stream. Tiles of 32 chunks gathered each value on its own and
+        # re-read each line for every one of the Q lanes: (N, Q) = (10^6, 4) float32 took
+        # 47.9 ms against 15.8, (10^6, 15) 276 against 39 (2-core Zen 4, side by side).
         return CpuTiling("q", Q)
     # Strided lanes: two vectors (latency of the division chain hidden, few streams). Chunks
     # of one system lie next to each other: their streams share pages, so chunked sweeps
