@@ -281,9 +281,11 @@ def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None) -> bool:
 def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
                scan: bool = False) -> CpuTiling:
     """The C++ kernel's tile for P x C x Q lanes of `rows` rows, keeping `columns` work rows
-    per lane: contiguous lanes along Q when Q fills a vector, else strided lanes (along P, or
-    along the chunks when there are few systems) in blocks of two vectors. `scan`: systems
-    scanned one at a time (`scanned`), where a tile is only a share of the work."""
+    per lane: contiguous lanes along Q when Q fills a vector, or when a few of them (Q > 1)
+    are chunked or too few systems to share out along P; else strided lanes (along P, or
+    along the chunks when there are few systems) in blocks of up to two vectors, no wider than
+    each core's share. `scan`: systems scanned one at a time (`scanned`), where a tile is only
+    a share of the work."""
     L = vector_lanes(dtype)
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
     cores = cpu_cores()
