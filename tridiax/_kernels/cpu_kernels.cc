@@ -488,6 +488,33 @@ inline __attribute__((always_inline)) void ScanRows(T* h, int64_t n, Terms terms
   }
 }
 
+// Vectors of L rows of one contiguous lane of n >= L rows, from row 0: a last partial vector is
+// taken as rows [n-L, n), and enter(i0) restarts the caller's carries from row i0-1 there (its
+// rows before that are done again, to the same values). body(i0, l, u) gets the vector's sub
+// and sup (sub(i) = sub[i*ss], sup(i) = sup[i*su]), with sub(0) and sup(n-1) zero: not read.
+template <typename T, typename Enter, typename Body>
+inline __attribute__((always_inline)) void RowVectors(const T* sub, int64_t ss, const T* sup,
+                                                      int64_t su, int64_t n, Enter enter,
+                                                      Body body) {
+  using S = ScanVector<T>;
+  using V = typename S::V;
+  constexpr int L = S::L;
+  const V zero = S::Splat(T(0));
+  V first = zero, last = zero;  // all-ones in lane 0 (L-1)
+  first[0] = T(1);
+  last[L - 1] = T(1);
+  for (int64_t i0 = 0; i0 < n; i0 += L) {
+    if (i0 + L > n) {
+      i0 = n - L;
+      enter(i0);
+    }
+    V l = S::Load(sub + i0 * ss, ss), u = S::Load(sup + i0 * su, su);
+    if (i0 == 0) l = first != zero ? zero : l;
+    if (i0 + L == n) u = last != zero ? zero : u;
+    body(i0, l, u);
+  }
+}
+
 // c' and 1/pivot of L consecutive rows (l, d, u: their bands, l of row 0 and u of row n-1 zero)
 // from c' of the row before them (c_in, in every lane):
 //   c'_i = p_i / q_i with (p_i, q_i) = M_i ... M_0 (c'_in, 1), M_i = s_i (0 u_i; -l_i d_i),
@@ -530,21 +557,12 @@ void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
   constexpr int L = S::L;
   using Lanes = std::make_index_sequence<L>;
   const V one = S::Splat(T(1)), zero = S::Splat(T(0));
-  V first = zero, last = zero;  // all-ones in lane 0 (L-1): sub(0) and sup(n-1) are not read
-  first[0] = T(1);
-  last[L - 1] = T(1);
-  // Whole vectors of rows from row 0; a last partial one is taken as rows [n-L, n), entered
-  // from row n-L-1 (its rows before that are eliminated again, to the same values).
   V c_in = zero, y_in = zero;  // c', y' of the row before the vector, in every lane
-  for (int64_t i0 = 0; i0 < n; i0 += L) {
-    if (i0 + L > n) {
-      i0 = n - L;
-      c_in = S::Splat(cp[i0 - 1]);
-      y_in = S::Splat(yp[i0 - 1]);
-    }
-    V l = S::Load(sub + i0 * ss, ss), u = S::Load(sup + i0 * su, su);
-    if (i0 == 0) l = first != zero ? zero : l;
-    if (i0 + L == n) u = last != zero ? zero : u;
+  const auto enter = [&](int64_t i0) {
+    c_in = S::Splat(cp[i0 - 1]);
+    y_in = S::Splat(yp[i0 - 1]);
+  };
+  RowVectors<T>(sub, ss, sup, su, n, enter, [&](int64_t i0, V l, V u) {
     const V d = S::Load(dia + i0 * sd, sd);
     V b = S::Load(rhs + i0 * sr, sr);
     if (ends != nullptr) {
@@ -560,7 +578,7 @@ void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
     S::Store(yp + i0, y);
     c_in = S::template Broadcast<L - 1>(c, Lanes{});
     y_in = S::template Broadcast<L - 1>(y, Lanes{});
-  }
+  });
   // Back substitution from the last row.
   ScanRows<T, false>(x, n, [&](int64_t i0, V& coef, V& v) {
     coef = -S::Load(cp + i0, 1);
@@ -595,9 +613,8 @@ void ScanFactoredLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const 
 }
 
 // The factors of Factor below on one contiguous lane of n >= L rows (strides of ScanThomasLane;
-// the outputs lo, m, c contiguous): c' and m = 1/pivot by ScanPivots, then l_i = lower_i m_{i-1}.
-// A last partial vector is taken as rows [n-L, n), entered from row n-L-1 (its rows before
-// that are factored again, to the same values).
+// the outputs lo, m, c contiguous), a vector of rows at a time (RowVectors): c' and m = 1/pivot
+// by ScanPivots, then l_i = lower_i m_{i-1}.
 template <typename T>
 void ScanFactorLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T* sup, int64_t su,
                     T* lo, T* m, T* c, int64_t n) {
@@ -606,19 +623,12 @@ void ScanFactorLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
   constexpr int L = S::L;
   using Lanes = std::make_index_sequence<L>;
   const V zero = S::Splat(T(0));
-  V first = zero, last = zero;  // all-ones in lane 0 (L-1): sub(0) and sup(n-1) are not read
-  first[0] = T(1);
-  last[L - 1] = T(1);
   V c_in = zero, m_in = zero;  // c' and m of the row before the vector, in every lane
-  for (int64_t i0 = 0; i0 < n; i0 += L) {
-    if (i0 + L > n) {
-      i0 = n - L;
-      c_in = S::Splat(c[i0 - 1]);
-      m_in = S::Splat(m[i0 - 1]);
-    }
-    V l = S::Load(sub + i0 * ss, ss), u = S::Load(sup + i0 * su, su);
-    if (i0 == 0) l = first != zero ? zero : l;
-    if (i0 + L == n) u = last != zero ? zero : u;
+  const auto enter = [&](int64_t i0) {
+    c_in = S::Splat(c[i0 - 1]);
+    m_in = S::Splat(m[i0 - 1]);
+  };
+  RowVectors<T>(sub, ss, sup, su, n, enter, [&](int64_t i0, V l, V u) {
     V cv, r;
     ScanPivots<T>(l, S::Load(dia + i0 * sd, sd), u, c_in, cv, r);
     S::Store(lo + i0, l * S::template Shift<1, true>(r, m_in, Lanes{}));
@@ -626,7 +636,7 @@ void ScanFactorLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
     S::Store(c + i0, cv);
     c_in = S::template Broadcast<L - 1>(cv, Lanes{});
     m_in = S::template Broadcast<L - 1>(r, Lanes{});
-  }
+  });
 }
 #endif
 
