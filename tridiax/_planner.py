@@ -334,7 +334,7 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
     # the tile's width however many of them hold a system, so a pivoted solve of one system of
     # 10^7 rows in tiles of 32 lanes wrote 5 GB of work rows (float32, 550 ms; 2-core Zen 4),
     # and 20 systems made one tile, for one core.
-    share = -(-(C if lanes == "c" else P) // cores)
+    share = max(1, -(-(C if lanes == "c" else P) // cores))
     return CpuTiling(lanes, min(width, share))
 
 

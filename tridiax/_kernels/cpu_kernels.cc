@@ -1273,7 +1273,7 @@ class Factor {
     const int64_t W = g_.W, w = tile.w, N = tile.len;
 #if defined(TRIDIAX_VECTOR_SCAN)
     // Contiguous rows (Q == 1: batch-first bands, one long system), one lane at a time in
-    // vector registers: one system of 10^7 float32 rows 143 -> 20 ms (2-core Zen 4).
+    // vector registers: one system of 10^7 float32 rows 143-149 -> 26-28 ms (2-core Zen 4).
     if constexpr (std::is_floating_point_v<T>) {
       if (g_.Q == 1 && N >= 2 * ScanVector<T>::L) {
         const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
