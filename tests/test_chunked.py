@@ -197,12 +197,17 @@ def test_planner_chunks_few_long_systems_only():
             tiling = _planner.cpu_tiling(1, 1, Q, 10**6, dtype, columns=4)
             assert tiling == _planner.CpuTiling("q", Q)
     # Strided tiles no wider than each core's share of the systems (the work rows of a tile
-    # are as wide as it is, whatever number of its lanes hold a system).
+    # are as wide as it is, whatever number of its lanes hold a system), in groups of 8 lanes
+    # where there are 8 (fewer run scalar).
     cores = _planner.cpu_cores()
-    for P in (1, 2, 3, 5, 20, 33, 64, 1000):
+    for P in (1, 2, 3, 5, 8, 12, 20, 33, 64, 1000):
         for kind_columns in (0, 4):
             width = _planner.cpu_tiling(P, 1, 1, 10**6, np.float32, columns=kind_columns).width
-            assert 1 <= width <= -(-P // cores), (P, width)
+            share = -(-P // cores)
+            if P < 8:
+                assert 1 <= width <= share, (P, width)
+            else:
+                assert width % 8 == 0 and width < share + 8, (P, width)
     # Chunks of systems along Q: tiles of whole rows up to CHUNK_ROW_BYTES, else equal parts.
     for Q, dtype in ((1000, np.float32), (1001, np.float64), (4100, np.float32),
                      (100_000, np.complex128)):

@@ -330,11 +330,17 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # of 10^7 rows took 48 ms against 73 ms with two (2-core Zen 4; float32 is fastest
         # with two vectors, 25 ms against 39 ms with one).
         width = max(8, L)
-    # No wider than each core's share of the lanes: the kernel keeps `columns` work rows of
-    # the tile's width however many of them hold a system, so a pivoted solve of one system of
-    # 10^7 rows in tiles of 32 lanes wrote 5 GB of work rows (float32, 550 ms; 2-core Zen 4),
-    # and 20 systems made one tile, for one core.
-    share = max(1, -(-(C if lanes == "c" else P) // cores))
+    # No wider than each core's share of the lanes, in whole groups of 8 where there are 8:
+    # the kernel keeps `columns` work rows of the tile's width however many of them hold a
+    # system, so a pivoted solve of one system of 10^7 rows in tiles of 32 lanes wrote 5 GB of
+    # work rows (float32, 550 ms; 2-core Zen 4), and 20 systems made one tile, for one core.
+    # Fewer than 8 lanes run scalar: pivoted (B, N) = (8, 10^6) float32 took 39 ms in one
+    # tile of 8 against 77 ms in two of 4, (20, 10^5) 7.5 ms in tiles of 16 and 4 against
+    # 8.5 ms in two of 10, while (4, 10^6) took 37 ms in two tiles of 2 against 52 in one.
+    available = C if lanes == "c" else P
+    share = max(1, -(-available // cores))
+    if available >= 8:
+        share = -(-share // 8) * 8
     return CpuTiling(lanes, min(width, share))
 
 
@@ -369,8 +375,11 @@ def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, 
 
 
 def factor_plan(backend: str, P: int, N: int, Q: int, dtype, *, block=None) -> Plan:
-    """The plan of one factorization (never chunked: each row is written as it is formed)."""
-    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0, block=block))
+    """The plan of one factorization (never chunked: each row is written as it is formed).
+    Contiguous real rows are scanned one system at a time, as the factored solve scans them
+    (cpu_kernels.cc, ScanFactorLane): tiles of a share of the systems."""
+    scan = backend == "native" and scanned(N, Q, "factored", dtype)
+    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0, block=block, scan=scan))
 
 
 def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, scan=False):
