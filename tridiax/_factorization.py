@@ -222,15 +222,11 @@ def _factor_lowering(platform: str):
             shape = _layout.broadcast_shape(*bands)
             views = [_layout.to_pnq(x, axis, shape) for x in bands]
             P, N, Q = _layout.broadcast_shape(*views)
-            back = None
-            if _planner.gpu_columns(P, Q, diag.dtype, backend=backend, block=block):
-                views, back = _layout.to_columns(views, P, Q)  # as the solves do
-                P, Q = 1, P * Q
+            move = _planner.gpu_columns(P, Q, diag.dtype, backend=backend, block=block)
+            views, P, Q, back = _layout.columns_if(move, views, P, Q)
             plan = _planner.factor_plan(backend, P, N, Q, diag.dtype, block=block)
             factors = kernel(*views, out_dtype=diag.dtype, tiling=plan.tiling)
-            if back is not None:
-                factors = tuple(back(f) for f in factors)
-            return tuple(f.reshape(shape) for f in factors)
+            return tuple(back(f).reshape(shape) for f in factors)
 
         bands = (lower, diag, upper)
         return _sharding.partitioned(local, [b.shape for b in bands], [full] * 3,

@@ -73,3 +73,12 @@ def to_columns(views, P: int, Q: int):
         return x.reshape(x.shape[1], P, Q).transpose(1, 0, 2)
 
     return moved, back
+
+
+def columns_if(move: bool, views, P: int, Q: int):
+    """`to_columns` where `move` (the planner's `gpu_columns`), else the views as they are:
+    returns the views, their P and Q, and `back` for a result (the identity when unmoved)."""
+    if not move:
+        return views, P, Q, lambda x: x
+    views, back = to_columns(views, P, Q)
+    return views, 1, P * Q, back

@@ -94,16 +94,14 @@ def _lowering(platform: str):
                 x = _cusparse.solve_pnq(*views, transposed=transposed,
                                         out_dtype=operands[3].dtype)
                 return x.reshape(shape)
-            back = None
-            if _planner.gpu_columns(P, Q, dtype, backend=backend, block=block):
-                views, back = _layout.to_columns(views, P, Q)
-                P, Q = 1, P * Q
+            move = _planner.gpu_columns(P, Q, dtype, backend=backend, block=block)
+            views, P, Q, back = _layout.columns_if(move, views, P, Q)
             reduced = "periodic" if kind == "periodic" else "thomas"
             x = _chunked.solve_any(
                 kernels, *views, plan=plan(P, N, Q, kind, chunk), transposed=transposed,
                 kind=kind, out_dtype=operands[3].dtype,
                 replan=lambda P, C, Q: plan(P, C, Q, reduced, None if chunk != 0 else 0))
-            return (x if back is None else back(x)).reshape(shape)
+            return back(x).reshape(shape)
 
         split = None if kind == "factored" else functools.partial(
             _partition_method.solve_split, axis=axis, kind=kind, transposed=transposed,

@@ -80,10 +80,8 @@ def _lowering(platform: str):
             a, x, *states = (_layout.to_pnq(v, axis, shape) for v in (a, x, *states))
             h0 = _layout.to_pnq(h0, axis, state)
             P, T, Q = _layout.broadcast_shape(a, x, *states)
-            back = None
-            if _planner.gpu_columns(P, Q, x.dtype, backend=backend):
-                (a, x, h0, *states), back = _layout.to_columns((a, x, h0, *states), P, Q)
-                P, Q = 1, P * Q
+            move = _planner.gpu_columns(P, Q, x.dtype, backend=backend)
+            (a, x, h0, *states), P, Q, back = _layout.columns_if(move, (a, x, h0, *states), P, Q)
             gated = None
             if states and in_kernel:
                 gated = (states[0], gate)
@@ -96,7 +94,7 @@ def _lowering(platform: str):
                 reverse=reverse, shifted=shifted, final_only=final_only, gate=gated,
                 activation=activation,
                 replan=lambda P, C, Q: plan(P, C, Q, None if chunk != 0 else 0))
-            return (h if back is None else back(h)).reshape(_out_shape(shape, axis, final_only))
+            return back(h).reshape(_out_shape(shape, axis, final_only))
 
         def local(*operands):
             return local_recurrence(*operands, shifted=shifted, final_only=final_only)

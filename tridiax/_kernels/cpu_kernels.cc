@@ -1276,15 +1276,17 @@ class Factor {
     // vector registers: one system of 10^7 float32 rows 143-149 -> 26-28 ms (2-core Zen 4).
     if constexpr (std::is_floating_point_v<T>) {
       if (g_.Q == 1 && N >= 2 * ScanVector<T>::L) {
+        Geometry::Strides st[3];  // lower, diag, upper
+        for (int k = 0; k < 3; ++k) {
+          st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
+        }
+        const auto at = [&](int k, int64_t s) {
+          return static_cast<const T*>(ops_[k].data) + st[k].base + s * st[k].lane;
+        };
         const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
         for (int64_t s = 0; s < w; ++s) {
-          const T* in[3];
-          for (int k = 0; k < 3; ++k) {
-            const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-            in[k] = static_cast<const T*>(ops_[k].data) + st.base + s * st.lane;
-          }
           const int64_t out = so.base + s * so.lane;
-          ScanFactorLane<T>(in[0], ops_[0].sn, in[1], ops_[1].sn, in[2], ops_[2].sn,
+          ScanFactorLane<T>(at(0, s), ops_[0].sn, at(1, s), ops_[1].sn, at(2, s), ops_[2].sn,
                             outs_[0] + out, outs_[1] + out, outs_[2] + out, N);
         }
         return;
