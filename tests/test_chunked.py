@@ -142,7 +142,7 @@ def test_few_narrow_systems_along_axis_0_match_reference(kind, dtype):
     plan = _planner.solve_plan("native", "cpu", 1, n, q, dtype, kind=kind)
     assert (plan.chunk > 0) == (kind in _planner.CHUNKED_KINDS)
     if q < _planner.vector_lanes(dtype):  # not on 16-byte vectors (float64: 2 lanes)
-        assert plan.tiling == _planner.CpuTiling("q", q)
+        assert plan.tiling == _planner.CpuTiling("q", q)  # 12- and 24-byte rows: in place
     l, d, u, b = dominant_bands((n, q), dtype)
     if pivoting:  # rows where pivoting swaps
         d = d * np.where(np.arange(n) % 5 == 0, 0.05, 1.0)[:, None].astype(dtype)
@@ -166,6 +166,51 @@ def test_few_narrow_systems_along_axis_0_match_reference(kind, dtype):
     assert rel_err(h, numpy_loop(a, b, 0, False)) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("q,per_tile", [(2, 3), (3, 2), (4, 4), (5, 1)])
+@pytest.mark.parametrize("bands", ["full", "shared_along_q", "constant_along_n"])
+def test_tiles_of_every_lane_of_a_few_chunks_match_reference(monkeypatch, bands, q, per_tile,
+                                                             dtype):
+    """CpuTiling("cq"): all Q lanes of `per_tile` chunks a tile, each chunk's row of Q values
+    read and written as one run. The planner takes it for chunked solves whose rows are 8 or 16
+    bytes; forced here on other Q and dtypes too (runs moved value by value), with a short last
+    chunk and a last tile of fewer chunks (1003 rows in chunks of 16), P = 2 systems along axis
+    1, bands broadcast along Q or along N, periodic and transposed (gradient) sweeps, the
+    reduced systems, and recurrences forward and reverse, against references."""
+    original = _planner.cpu_tiling
+
+    def forced(P, C, Q, rows, dtype_, **kw):
+        if Q > 1 and C > 1:
+            return _planner.CpuTiling("cq", per_tile * Q)
+        return original(P, C, Q, rows, dtype_, **kw)
+
+    jax.clear_caches()  # plans are made when a call is compiled
+    monkeypatch.setattr(_planner, "cpu_tiling", forced)
+    P, N = 2, 1003
+    l, d, u, b = dominant_bands((P, N, q), dtype)
+    band_shape = {"full": (P, N, q), "shared_along_q": (P, N, 1),
+                  "constant_along_n": (P, 1, q)}[bands]
+    l, d, u = (v[tuple(slice(0, n) for n in band_shape)] for v in (l, d, u))
+    full = [np.broadcast_to(v, (P, N, q)) for v in (l, d, u)]
+    for periodic in (False, True):
+        ref = verify.reference_solve(*full, b, axis=1, periodic=periodic)
+        x = solve(l, d, u, b, axis=1, periodic=periodic, chunk=16)
+        assert rel_err(x, ref) < tolerance(dtype), periodic
+    # The gradient runs the transposed chunked solve: against the unchunked kernel's.
+    def loss(d, b, chunk):
+        return jnp.sum(solve(l, d, u, b, axis=1, chunk=chunk) ** 2)
+
+    grads = jax.grad(loss, argnums=(0, 1))
+    for got, want in zip(grads(d, b, 16), grads(d, b, 0), strict=True):
+        assert rel_err(got, want) < 10 * tolerance(dtype)
+    a = RNG.uniform(0.5, 1.0, band_shape).astype(dtype)
+    for reverse in (False, True):
+        h = bind_recurrence(jnp.asarray(a), jnp.asarray(b), jnp.zeros((P, q), dtype), 1,
+                            reverse, 16)
+        assert rel_err(h, numpy_loop(a, b, 1, reverse)) < tolerance(dtype), reverse
+    jax.clear_caches()
+
+
 def test_planner_chunks_few_long_systems_only():
     plan = dict(kind="thomas", backend="native", platform="cpu")
     # One long system, a few long ones: chunked; many short ones: whole systems.
@@ -186,13 +231,18 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     assert _planner.cpu_tiling(1, 500, 1, 2000, np.float32, columns=3).lanes == "c"
-    # Chunks of systems a few values apart: one chunk's Q contiguous lanes per tile.
+    # Chunks of systems a few values apart: rows of 8 or 16 bytes of solves in tiles of all Q
+    # lanes of a vector's worth of chunks; other rows, and recurrences, one chunk's Q lanes.
     for dtype in (np.float32, np.float64):
         lanes = _planner.vector_lanes(dtype)
-        for Q in sorted({2, 3, lanes - 1} & set(range(2, lanes))):
+        itemsize = np.dtype(dtype).itemsize
+        for Q in sorted({2, 3, 4, lanes - 1} & set(range(2, lanes))):
             for columns, rows in ((3, 4080), (0, 7812)):  # solve chunks, recurrence chunks
                 tiling = _planner.cpu_tiling(1, 245, Q, rows, dtype, columns=columns)
-                assert tiling == _planner.CpuTiling("q", Q)
+                if columns and Q * itemsize in (8, 16):
+                    assert tiling == _planner.CpuTiling("cq", -(-lanes // Q) * Q), (Q, dtype)
+                else:
+                    assert tiling == _planner.CpuTiling("q", Q), (Q, dtype)
             # ... and whole ones, too few to give every core Q of them (pivoted, factored).
             tiling = _planner.cpu_tiling(1, 1, Q, 10**6, dtype, columns=4)
             assert tiling == _planner.CpuTiling("q", Q)

@@ -62,7 +62,8 @@ MIN_CHUNKED_WORK = 1 << 16
 @dataclasses.dataclass(frozen=True)
 class CpuTiling:
     """A C++ tile: `width` lanes along `lanes` ("q": contiguous systems; "p": systems N*Q
-    values apart; "c": chunks of one system)."""
+    values apart; "c": chunks of one system; "cq": all Q systems of width / Q chunks, whose
+    rows of Q values are read as one run each)."""
 
     lanes: str
     width: int
@@ -311,12 +312,25 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
             width = max(64 // itemsize, -(-Q // cores))
         width = max(8, width - width % 8)
         return CpuTiling("q", width)
+    if Q > 1 and C > 1 and columns and Q * itemsize in (8, 16):
+        # Chunks of solves whose rows are a few values (an (N, 4) field along axis 0, float32):
+        # a tile takes every Q lane of a vector's worth of chunks, each chunk's row of Q values
+        # one run (8 or 16 bytes, one move), so each row's divisions run a vector at a time.
+        # One chunk's Q lanes a tile wait on one chain of divisions per row, and tiles of 32
+        # chunks of one q gathered each value on its own. (N, Q) = (10^6, 4) float32 12.9-26.7
+        # -> 9.3-11.8 ms, (10^6, 2) 11.8 -> 7.4, float64 (10^6, 2) 11.3 -> 9.4 (2-core Zen 4,
+        # side by side). Other runs lost: 12- and 24-byte runs go value by value, and 32-byte
+        # runs (float64 (10^6, 4), 2 chunks a tile) took 2-3x longer than reading the rows in
+        # place; recurrences (no division) keep their rows in place too: float64 (10^6, 2)
+        # 4.4 -> 5.2-6.0 ms with these tiles.
+        chunks = min(-(-L // Q), max(1, -(-P * C // cores)))
+        return CpuTiling("cq", chunks * Q)
     if Q > 1 and (C > 1 or -(-P // cores) < Q):
-        # Systems a few values apart (an (N, 3) field along axis 0), chunked or too few to
-        # give each core Q of them: a tile takes one chunk's (system's) Q lanes, contiguous,
-        # so each band is one stream. Tiles of 32 chunks gathered each value on its own and
-        # re-read each line for every one of the Q lanes: (N, Q) = (10^6, 4) float32 took
-        # 47.9 ms against 15.8, (10^6, 15) 276 against 39 (2-core Zen 4, side by side).
+        # Other chunked rows of a few values, and whole systems a few values apart too few to
+        # give each core Q of them (pivoted, factored, `factor()`): a tile takes one chunk's
+        # (system's) Q lanes, read in place. Tiles of 32 chunks of one q re-read each line for
+        # every one of the Q lanes: (N, Q) = (10^6, 4) float32 took 47.9 ms against 15.8, (10^6,
+        # 15) 276 against 39 (2-core Zen 4, side by side).
         return CpuTiling("q", Q)
     # Strided lanes: two vectors (latency of the division chain hidden, few streams). Chunks
     # of one system lie next to each other: their streams share pages, so chunked sweeps

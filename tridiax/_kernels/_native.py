@@ -195,7 +195,7 @@ def available() -> bool:
 
 
 _KINDS = {"thomas": 0, "factored": 1, "periodic": 2, "pivoted": 3}
-_LANES = {"q": 0, "p": 1, "c": 2}
+_LANES = {"q": 0, "p": 1, "c": 2, "cq": 3}
 
 
 def _require():

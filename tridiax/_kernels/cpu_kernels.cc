@@ -12,9 +12,11 @@
 // one chunk (p, c, q) of it. A *tile* is W lanes swept together, vectorised over the lanes,
 // taken along one dimension that the planner (tridiax/_planner.py) chooses:
 //   Q: lanes are contiguous in memory (rows read and written in place);
-//   P: lanes are systems N*Q values apart;  C: lanes are chunks `chunk*Q` values apart.
+//   P: lanes are systems N*Q values apart;  C: lanes are chunks `chunk*Q` values apart;
+//   CQ: every Q lane of W/Q chunks, chunk-major (systems a few values apart, Q < a vector).
 // Strided lanes are moved through a block of 8 rows x W lanes: when each lane's rows are
-// contiguous (Q == 1) by in-register 8x8 transposes, else by scalar gathers. Work rows (c', y',
+// contiguous (Q == 1) by in-register 8x8 transposes, CQ lanes by each chunk's run of Q values,
+// else by scalar gathers. Work rows (c', y',
 // ...) stay in a per-thread scratch of (rows x W) values, so memory sees each input read once
 // and each output written once. Tiles are shared out over std::threads.
 //
@@ -79,26 +81,33 @@ Operand MakeOperand(const ffi::AnyBuffer& buf) {
 // ---------------------------------------------------------------------------------------------
 // Geometry: which lanes a tile holds.
 
-enum Lanes : int64_t { kLanesQ = 0, kLanesP = 1, kLanesC = 2 };
+enum Lanes : int64_t { kLanesQ = 0, kLanesP = 1, kLanesC = 2, kLanesCQ = 3 };
 
 struct Tile {
   int64_t p, c, q;  // first lane
   int64_t lanes;    // dimension the lanes run along
   int64_t w;        // lanes in this tile
   int64_t len;      // rows of each lane (all the same within a tile)
+  int64_t group;    // kLanesCQ: lanes per chunk (Q); 1 otherwise
 
   // The system (P, Q) and chunk (C) indices of lane s of this tile.
   int64_t P(int64_t s) const { return p + (lanes == kLanesP ? s : 0); }
-  int64_t C(int64_t s) const { return c + (lanes == kLanesC ? s : 0); }
-  int64_t Q(int64_t s) const { return q + (lanes == kLanesQ ? s : 0); }
+  int64_t C(int64_t s) const {
+    return c + (lanes == kLanesC ? s : lanes == kLanesCQ ? s / group : 0);
+  }
+  int64_t Q(int64_t s) const {
+    return q + (lanes == kLanesQ ? s : lanes == kLanesCQ ? s % group : 0);
+  }
 };
 
 // P x C x Q lanes of rows [c*chunk, min((c+1)*chunk, N)). Lanes along C never mix chunk
 // lengths: when the last chunk is short, the full chunks form the main tiles and the last
-// chunks of every system form tail tiles with lanes along P or Q.
+// chunks of every system form tail tiles with lanes along P or Q. CQ tiles hold W/Q whole
+// chunks (W a multiple of Q; without chunks they are Q tiles).
 struct Geometry {
   int64_t P, N, Q, chunk, C, lanes, W;
   int64_t main_chunks, main_tiles, tail_lanes, tail_tiles;
+  int64_t per_tile;  // chunks per tile along C (W, or W/Q for CQ tiles)
 
   Geometry(int64_t P_, int64_t N_, int64_t Q_, int64_t chunk_, int64_t lanes_, int64_t W_)
       : P(P_), N(N_), Q(Q_), lanes(lanes_), W(std::max<int64_t>(1, W_)) {
@@ -107,13 +116,16 @@ struct Geometry {
     main_chunks = C;
     tail_lanes = kLanesQ;
     tail_tiles = 0;
-    if (lanes == kLanesC) {
+    if (lanes == kLanesCQ && (C == 1 || W < Q)) lanes = kLanesQ;
+    per_tile = lanes == kLanesCQ ? W / Q : W;
+    if (lanes == kLanesC || lanes == kLanesCQ) {
       if (N % chunk != 0) {
         main_chunks = C - 1;
         tail_lanes = P >= Q ? kLanesP : kLanesQ;
         tail_tiles = tail_lanes == kLanesP ? Q * Blocks(P) : P * Blocks(Q);
       }
-      main_tiles = P * Q * Blocks(main_chunks);
+      main_tiles = lanes == kLanesCQ ? P * ChunkBlocks(main_chunks)
+                                     : P * Q * ChunkBlocks(main_chunks);
     } else if (lanes == kLanesP) {
       main_tiles = C * Q * Blocks(P);
     } else {
@@ -122,11 +134,13 @@ struct Geometry {
   }
 
   int64_t Blocks(int64_t n) const { return (n + W - 1) / W; }
+  int64_t ChunkBlocks(int64_t n) const { return (n + per_tile - 1) / per_tile; }
   int64_t tiles() const { return main_tiles + tail_tiles; }
   int64_t Length(int64_t c) const { return std::min(chunk, N - c * chunk); }
 
   Tile At(int64_t t) const {
     Tile tile;
+    tile.group = 1;
     if (t >= main_tiles) {  // the short last chunks
       t -= main_tiles;
       tile.c = C - 1;
@@ -141,12 +155,20 @@ struct Geometry {
         tile.w = std::min(W, Q - tile.q);
       }
     } else if (lanes == kLanesC) {
-      const int64_t blocks = Blocks(main_chunks);
+      const int64_t blocks = ChunkBlocks(main_chunks);
       tile.p = t / (Q * blocks);
       tile.q = (t / blocks) % Q;
       tile.c = (t % blocks) * W;
       tile.lanes = kLanesC;
       tile.w = std::min(W, main_chunks - tile.c);
+    } else if (lanes == kLanesCQ) {
+      const int64_t blocks = ChunkBlocks(main_chunks);
+      tile.p = t / blocks;
+      tile.q = 0;
+      tile.c = (t % blocks) * per_tile;
+      tile.lanes = kLanesCQ;
+      tile.group = Q;
+      tile.w = std::min(per_tile, main_chunks - tile.c) * Q;
     } else if (lanes == kLanesP) {
       const int64_t blocks = Blocks(P);
       tile.c = t / (Q * blocks);
@@ -168,34 +190,100 @@ struct Geometry {
 
   // Element offset of the tile's first lane, relative row 0, and the stride between lanes, in
   // an array with strides (sp, sn, sq) whose chunks are `rows_per_chunk` rows apart (`chunk`
-  // for the operands, 1 for the (P, C, Q) arrays of one value per chunk).
-  struct Strides { int64_t base, lane; };
+  // for the operands, 1 for the (P, C, Q) arrays of one value per chunk). CQ tiles' lanes come
+  // in groups of `group`: lane s at (s / group) * lane + (s % group) * inner.
+  struct Strides {
+    int64_t base, lane, group = 1, inner = 0;
+    int64_t At(int64_t s) const { return base + Offset(s); }
+    int64_t Offset(int64_t s) const {
+      return group == 1 ? s * lane : (s / group) * lane + (s % group) * inner;
+    }
+  };
   Strides Of(const Tile& t, int64_t sp, int64_t sn, int64_t sq, int64_t rows_per_chunk) const {
     const int64_t sc = rows_per_chunk * sn;
-    const int64_t lane = t.lanes == kLanesQ ? sq : t.lanes == kLanesP ? sp : sc;
-    return {t.p * sp + t.c * sc + t.q * sq, lane};
+    const int64_t base = t.p * sp + t.c * sc + t.q * sq;
+    if (t.lanes == kLanesCQ) {
+      // Evenly spaced after all (one value per chunk, or nothing varies): plain strided lanes.
+      if (sc == t.group * sq) return {base, sq};
+      return {base, sc, t.group, sq};
+    }
+    return {base, t.lanes == kLanesQ ? sq : t.lanes == kLanesP ? sp : sc};
   }
 };
 
 // ---------------------------------------------------------------------------------------------
 // Reading and writing the rows of a tile.
 
+// Move the runs of a CQ tile's rows between `rows` rows of its groups in memory (group k's run
+// of row r at a + k*ga + r*ra, `n` values `inner` apart) and a (rows x W) block (at b + r*W +
+// k*n), either way (`ToBlock`). Contiguous runs of 8, 16 or 32 bytes are one move each: a
+// loop around memcpy of a run cost about 5 cycles a run, a third of a (10^6, 4) float32 solve.
+template <int Bytes, bool ToBlock, typename T>
+void MoveRunsOf(T* a, int64_t ga, int64_t ra, T* b, int64_t W, int64_t groups, int64_t rows) {
+  constexpr int64_t n = Bytes / static_cast<int64_t>(sizeof(T));
+  for (int64_t r = 0; r < rows; ++r) {
+    T* mem = a + r * ra;
+    T* blk = b + r * W;
+    for (int64_t k = 0; k < groups; ++k) {
+      if constexpr (ToBlock) {
+        std::memcpy(blk + k * n, mem + k * ga, Bytes);
+      } else {
+        std::memcpy(mem + k * ga, blk + k * n, Bytes);
+      }
+    }
+  }
+}
+
+template <bool ToBlock, typename T>
+void MoveRuns(T* a, int64_t ga, int64_t ra, int64_t n, int64_t inner, T* b, int64_t W,
+              int64_t groups, int64_t rows) {
+  if (inner == 1) {
+    switch (n * static_cast<int64_t>(sizeof(T))) {
+      case 8: return MoveRunsOf<8, ToBlock>(a, ga, ra, b, W, groups, rows);
+      case 16: return MoveRunsOf<16, ToBlock>(a, ga, ra, b, W, groups, rows);
+      case 32: return MoveRunsOf<32, ToBlock>(a, ga, ra, b, W, groups, rows);
+      default: break;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < groups; ++k) {
+      for (int64_t q = 0; q < n; ++q) {
+        T& mem = a[k * ga + r * ra + q * inner];
+        T& blk = b[r * W + k * n + q];
+        if constexpr (ToBlock) {
+          blk = mem;
+        } else {
+          mem = blk;
+        }
+      }
+    }
+  }
+}
+
 // Rows of one operand for a tile's W lanes: Row(i) points at W values (lanes s < w valid) of
 // relative row i in [0, len). Contiguous lanes are read in place; broadcast ones filled; strided
-// ones moved a block of kRows rows at a time into `buf` (kRows x W values).
+// ones moved a block of kRows rows at a time into `buf` (kRows x W values); CQ lanes likewise, a
+// run of Q values per chunk and row.
 template <typename T>
 class RowReader {
  public:
-  void Init(const T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t len, T* buf) {
-    base_ = base;
-    lane_ = lane;
+  void Init(const T* data, const Geometry::Strides& st, int64_t row, int64_t w, int64_t W,
+            int64_t len, T* buf) {
+    base_ = data + st.base;
+    lane_ = st.lane;
+    group_ = st.group;
+    inner_ = st.inner;
     row_ = row;
     w_ = w;
     W_ = W;
     len_ = len;
     buf_ = buf;
     block_ = std::numeric_limits<int64_t>::min();
-    if (lane_ > 1 && row_ == 1) Prefetch(0, kAhead);
+    if (group_ > 1 && row_ != 0) {
+      GroupPrefetch(0, kAhead);
+    } else if (lane_ > 1 && row_ == 1) {
+      Prefetch(0, kAhead);
+    }
   }
 
   inline __attribute__((always_inline)) const T* Row(int64_t i) {
@@ -206,11 +294,25 @@ class RowReader {
   }
 
   // Value of lane s at relative row i (any i: the caller knows it is inside the array).
-  T At(int64_t s, int64_t i) const { return base_[s * lane_ + i * row_]; }
+  T At(int64_t s, int64_t i) const { return Lane(s)[i * row_]; }
   // Lane s's relative row 0 in the array.
-  const T* Lane(int64_t s) const { return base_ + s * lane_; }
+  const T* Lane(int64_t s) const {
+    return base_ + (group_ == 1 ? s * lane_ : (s / group_) * lane_ + (s % group_) * inner_);
+  }
 
  private:
+  // A CQ tile's chunks: the lines of rows [i0, i0 + rows) of each, into L2.
+  void GroupPrefetch(int64_t i0, int64_t rows) const {
+    rows = std::min(rows, len_ - i0);
+    if (rows <= 0) return;
+    const int64_t bytes = ((rows - 1) * row_ + (group_ - 1) * inner_ + 1) *
+                          static_cast<int64_t>(sizeof(T));
+    for (int64_t s = 0; s < w_; s += group_) {
+      const char* run = reinterpret_cast<const char*>(Lane(s) + i0 * row_);
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(run + b, 0, 1);
+    }
+  }
+
   // Each strided lane is its own stream, more than the hardware prefetchers follow: Load asks
   // for the lines kAhead rows on (Init for the first kAhead), into L2: a tile's lines ahead
   // would not fit in L1.
@@ -225,8 +327,21 @@ class RowReader {
   }
 
   void Load(int64_t b) {
+    const bool back = b < block_;  // a reverse-time sweep: prefetch the rows before
     block_ = b;
     const int64_t i0 = b * kRows, rows = row_ == 0 ? 1 : std::min(kRows, len_ - i0);
+    if (group_ > 1) {
+      if (row_ != 0) {
+        if (!back) {
+          GroupPrefetch(i0 + kAhead, kRows);
+        } else if (i0 >= kAhead) {
+          GroupPrefetch(i0 - kAhead, kRows);
+        }
+      }
+      MoveRuns<true>(const_cast<T*>(base_ + i0 * row_), lane_, row_, group_, inner_, buf_, W_,
+                     w_ / group_, rows);
+      return;
+    }
     if (lane_ == 0) {
       for (int64_t r = 0; r < rows; ++r) std::fill(buf_ + r * W_, buf_ + r * W_ + w_, At(0, i0 + r));
       return;
@@ -247,16 +362,23 @@ class RowReader {
   }
 
   const T* base_;
-  int64_t lane_, row_, w_, W_, len_;
+  int64_t lane_, group_, inner_, row_, w_, W_, len_;
   T* buf_;
   int64_t block_;
 };
 
 // Write rows [i0, i0 + rows) of a (rows x W) scratch `src` (src points at row i0) to lanes
-// laid out as (base, lane stride, row stride).
+// laid out as `st` (in `data`) with rows `row` apart.
 template <typename T>
-void StoreRows(T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t i0,
-               int64_t rows, const T* src) {
+void StoreRows(T* data, const Geometry::Strides& st, int64_t row, int64_t w, int64_t W,
+               int64_t i0, int64_t rows, const T* src) {
+  T* base = data + st.base;
+  const int64_t lane = st.lane;
+  if (st.group > 1) {
+    MoveRuns<false>(base + i0 * row, lane, row, st.group, st.inner, const_cast<T*>(src), W,
+                    w / st.group, rows);
+    return;
+  }
   if (lane == 1) {
     for (int64_t r = 0; r < rows; ++r) std::copy(src + r * W, src + r * W + w, base + (i0 + r) * row);
     return;
@@ -723,7 +845,7 @@ class Solver {
     RowReader<T> rd[4];
     for (int k = 0; k < 4; ++k) {
       const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-      rd[k].Init(Data(k) + st.base, st.lane, ops_[k].sn, w, W, len, blocks + k * kRows * W);
+      rd[k].Init(Data(k), st, ops_[k].sn, w, W, len, blocks + k * kRows * W);
     }
     const int kl = transposed_ ? 2 : 0, ku = transposed_ ? 0 : 2;
     // sub(i), i >= 1, and sup(i), i <= len - 2, inside the tile's rows.
@@ -754,7 +876,7 @@ class Solver {
       Periodic(sub, dia, sup, rhs, alpha, beta, spare + 2 * W, c, y, z, W, w, len);
     }
     const auto st = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-    StoreRows(outs_[0] + st.base, st.lane, g_.Q, w, W, 0, len, y);
+    StoreRows(outs_[0], st, g_.Q, w, W, 0, len, y);
   }
 
   // Thomas forward elimination of rows [0, n): c' into c (c'[n-1] = 0: row n-1's sup is never
@@ -848,12 +970,12 @@ class Solver {
       const int64_t rows = (n + ScanVector<T>::L - 1) / ScanVector<T>::L * ScanVector<T>::L;
       Geometry::Strides st[4];  // lower, diag, upper, rhs
       for (int k = 0; k < 4; ++k) st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-      const auto at = [&](int k, int64_t s) { return Data(k) + st[k].base + s * st[k].lane; };
+      const auto at = [&](int k, int64_t s) { return Data(k) + st[k].At(s); };
       const int64_t sl = ops_[0].sn, sd = ops_[1].sn, su = ops_[2].sn, sr = ops_[3].sn;
       const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
       const T* xs = static_cast<const T*>(xsep_.data);
       for (int64_t s = 0; s < tile.w; ++s) {
-        T* x = outs_[0] + so.base + s * so.lane;
+        T* x = outs_[0] + so.At(s);
         T ends[2];
         if (chunks) {
           const int64_t cs = tile.C(s);
@@ -968,7 +1090,7 @@ class Solver {
       o[5 * W + s] = -beta[s] * ys[s];
     }
     const auto st = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
-    for (int k = 0; k < 6; ++k) StoreRows(outs_[k] + st.base, st.lane, g_.Q, w, W, 0, 1, o + k * W);
+    for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, w, W, 0, 1, o + k * W);
   }
 
   // The partition method's sweeps on one tile of chunks (see Mode). `spare` holds 16 rows.
@@ -1017,7 +1139,7 @@ class Solver {
               w, n);
     BackSubstitute(c, y, W, w, n);
     const auto st = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-    StoreRows(outs_[0] + st.base, st.lane, g_.Q, w, W, 0, n + 1, y);
+    StoreRows(outs_[0], st, g_.Q, w, W, 0, n + 1, y);
   }
 
   // Gaussian elimination with partial pivoting (row interchanges), as LAPACK's gtsv: at step i
@@ -1215,9 +1337,11 @@ void Solve(const Operand* ops, const Operand* xsep, T* const* outs, const Geomet
 template <typename T>
 class RowWriter {
  public:
-  void Init(T* base, int64_t lane, int64_t row, int64_t w, int64_t W, int64_t len, T* buf) {
-    base_ = base;
-    lane_ = lane;
+  void Init(T* data, const Geometry::Strides& st, int64_t row, int64_t w, int64_t W, int64_t len,
+            T* buf) {
+    data_ = data;
+    st_ = st;
+    lane_ = st.group == 1 ? st.lane : 0;  // 1: contiguous lanes, written in place
     row_ = row;
     w_ = w;
     W_ = W;
@@ -1227,7 +1351,7 @@ class RowWriter {
   }
 
   T* Row(int64_t i) {
-    if (lane_ == 1) return base_ + i * row_;
+    if (lane_ == 1) return data_ + st_.base + i * row_;
     const int64_t b = i / kRows;
     if (b != block_) {
       Flush();
@@ -1239,12 +1363,13 @@ class RowWriter {
   void Flush() {
     if (lane_ == 1 || block_ < 0) return;
     const int64_t i0 = block_ * kRows;
-    StoreRows(base_, lane_, row_, w_, W_, i0, std::min(kRows, len_ - i0), buf_);
+    StoreRows(data_, st_, row_, w_, W_, i0, std::min(kRows, len_ - i0), buf_);
     block_ = -1;
   }
 
  private:
-  T* base_;
+  T* data_;
+  Geometry::Strides st_;
   int64_t lane_, row_, w_, W_, len_;
   T* buf_;
   int64_t block_;
@@ -1281,11 +1406,11 @@ class Factor {
           st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
         }
         const auto at = [&](int k, int64_t s) {
-          return static_cast<const T*>(ops_[k].data) + st[k].base + s * st[k].lane;
+          return static_cast<const T*>(ops_[k].data) + st[k].At(s);
         };
         const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
         for (int64_t s = 0; s < w; ++s) {
-          const int64_t out = so.base + s * so.lane;
+          const int64_t out = so.At(s);
           ScanFactorLane<T>(at(0, s), ops_[0].sn, at(1, s), ops_[1].sn, at(2, s), ops_[2].sn,
                             outs_[0] + out, outs_[1] + out, outs_[2] + out, N);
         }
@@ -1297,10 +1422,10 @@ class Factor {
     RowWriter<T> wr[3];
     for (int k = 0; k < 3; ++k) {
       const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-      rd[k].Init(static_cast<const T*>(ops_[k].data) + st.base, st.lane, ops_[k].sn, w, W, N,
+      rd[k].Init(static_cast<const T*>(ops_[k].data), st, ops_[k].sn, w, W, N,
                  scratch + k * kRows * W);
       const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-      wr[k].Init(outs_[k] + so.base, so.lane, g_.Q, w, W, N, scratch + (3 + k) * kRows * W);
+      wr[k].Init(outs_[k], so, g_.Q, w, W, N, scratch + (3 + k) * kRows * W);
     }
     T* __restrict__ mp = scratch + 6 * kRows * W;  // m[i-1]
     T* __restrict__ cp = mp + W;                     // c'[i-1]
@@ -1576,7 +1701,7 @@ class Recurrence {
     for (int k : {0, 1, 3}) {
       if (k == 3 && Gate == kIdentity) continue;
       const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-      rd[k == 3 ? 2 : k].Init(static_cast<const T*>(ops_[k].data) + st.base, st.lane,
+      rd[k == 3 ? 2 : k].Init(static_cast<const T*>(ops_[k].data), st,
                               ops_[k].sn, w, W, len, scratch + (k == 3 ? 2 : k) * kRows * W);
     }
     T* __restrict__ h = scratch + 4 * kRows * W;
@@ -1587,7 +1712,7 @@ class Recurrence {
     const bool ends = mode_ == kRecurrenceEnds;
     if (!ends && !final_only_) {
       const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-      out.Init(outs_[0] + so.base, so.lane, g_.Q, w, W, len, scratch + 3 * kRows * W);
+      out.Init(outs_[0], so, g_.Q, w, W, len, scratch + 3 * kRows * W);
     }
     if (ends) {
       std::fill(h, h + w, T(0));
@@ -1595,8 +1720,8 @@ class Recurrence {
     } else {
       const Operand& h0 = ops_[2];
       const auto st = g_.Of(tile, h0.sp, h0.sn, h0.sq, 1);
-      const T* src = static_cast<const T*>(h0.data) + st.base;
-      for (int64_t s = 0; s < w; ++s) h[s] = src[s * st.lane];
+      const T* src = static_cast<const T*>(h0.data);
+      for (int64_t s = 0; s < w; ++s) h[s] = src[st.At(s)];
     }
     if (shifted_) Boundary(tile, rd[0], reverse_ ? len : -1, edge);
     std::fill(ones, ones + w, T(1));
@@ -1645,11 +1770,11 @@ class Recurrence {
   void StoreFinal(const Tile& tile, const T* h, const T* decay) const {
     if (mode_ == kRecurrenceEnds) {
       const auto so = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
-      StoreRows(outs_[0] + so.base, so.lane, g_.Q, tile.w, g_.W, 0, 1, decay);
-      StoreRows(outs_[1] + so.base, so.lane, g_.Q, tile.w, g_.W, 0, 1, h);
+      StoreRows(outs_[0], so, g_.Q, tile.w, g_.W, 0, 1, decay);
+      StoreRows(outs_[1], so, g_.Q, tile.w, g_.W, 0, 1, h);
     } else {
       const auto so = g_.Of(tile, g_.Q, 0, 1, 1);
-      StoreRows(outs_[0] + so.base, so.lane, 0, tile.w, g_.W, 0, 1, h);
+      StoreRows(outs_[0], so, 0, tile.w, g_.W, 0, 1, h);
     }
   }
 
@@ -1672,8 +1797,8 @@ class Recurrence {
     const Operand& h0 = ops_[2];
     const auto s0 = ends ? sx : g_.Of(tile, h0.sp, h0.sn, h0.sq, 1);
     for (int64_t s = 0; s < tile.w; ++s) {
-      const T* as = a + sa.base + s * sa.lane;
-      T start = ends ? T(0) : static_cast<const T*>(h0.data)[s0.base + s * s0.lane];
+      const T* as = a + sa.At(s);
+      T start = ends ? T(0) : static_cast<const T*>(h0.data)[s0.At(s)];
       T boundary = T(0);
       if (shifted_) {
         // a one step before the lane's first step in scan order: the neighbouring chunk's.
@@ -1681,9 +1806,9 @@ class Recurrence {
         const bool none = reverse_ ? cs == g_.C - 1 : cs == 0;
         boundary = none ? T(0) : as[(reverse_ ? tile.len : -1) * oa.sn];
       }
-      T* dst = ends || final_only_ ? nullptr : outs_[0] + so.base + s * so.lane;
-      h[s] = ScanLane<T, Gate>(as, oa.sn, x + sx.base + s * sx.lane, ox.sn,
-                               g != nullptr ? g + sg.base + s * sg.lane : nullptr,
+      T* dst = ends || final_only_ ? nullptr : outs_[0] + so.At(s);
+      h[s] = ScanLane<T, Gate>(as, oa.sn, x + sx.At(s), ox.sn,
+                               g != nullptr ? g + sg.At(s) : nullptr,
                                Gate != kIdentity ? og.sn : 0, dst, tile.len, reverse_, shifted_,
                                boundary, start, ends ? decay + s : nullptr);
     }
