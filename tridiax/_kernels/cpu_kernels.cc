@@ -270,24 +270,23 @@ class RowReader {
   void Init(const T* data, const Geometry::Strides& st, int64_t row, int64_t w, int64_t W,
             int64_t len, T* buf) {
     base_ = data + st.base;
-    lane_ = st.lane;
-    group_ = st.group;
-    inner_ = st.inner;
+    lanes_ = st;
+    lanes_.base = 0;
     row_ = row;
     w_ = w;
     W_ = W;
     len_ = len;
     buf_ = buf;
     block_ = std::numeric_limits<int64_t>::min();
-    if (group_ > 1 && row_ != 0) {
+    if (lanes_.group > 1 && row_ != 0) {
       GroupPrefetch(0, kAhead);
-    } else if (lane_ > 1 && row_ == 1) {
+    } else if (lanes_.lane > 1 && row_ == 1) {
       Prefetch(0, kAhead);
     }
   }
 
   inline __attribute__((always_inline)) const T* Row(int64_t i) {
-    if (lane_ == 1) return base_ + i * row_;
+    if (lanes_.lane == 1) return base_ + i * row_;
     const int64_t b = row_ == 0 ? 0 : i / kRows;
     if (b != block_) Load(b);
     return buf_ + (row_ == 0 ? 0 : (i - b * kRows)) * W_;
@@ -296,18 +295,16 @@ class RowReader {
   // Value of lane s at relative row i (any i: the caller knows it is inside the array).
   T At(int64_t s, int64_t i) const { return Lane(s)[i * row_]; }
   // Lane s's relative row 0 in the array.
-  const T* Lane(int64_t s) const {
-    return base_ + (group_ == 1 ? s * lane_ : (s / group_) * lane_ + (s % group_) * inner_);
-  }
+  const T* Lane(int64_t s) const { return base_ + lanes_.Offset(s); }
 
  private:
   // A CQ tile's chunks: the lines of rows [i0, i0 + rows) of each, into L2.
   void GroupPrefetch(int64_t i0, int64_t rows) const {
     rows = std::min(rows, len_ - i0);
     if (rows <= 0) return;
-    const int64_t bytes = ((rows - 1) * row_ + (group_ - 1) * inner_ + 1) *
+    const int64_t bytes = ((rows - 1) * row_ + (lanes_.group - 1) * lanes_.inner + 1) *
                           static_cast<int64_t>(sizeof(T));
-    for (int64_t s = 0; s < w_; s += group_) {
+    for (int64_t s = 0; s < w_; s += lanes_.group) {
       const char* run = reinterpret_cast<const char*>(Lane(s) + i0 * row_);
       for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(run + b, 0, 1);
     }
@@ -319,7 +316,7 @@ class RowReader {
   void Prefetch(int64_t i0, int64_t rows) const {
     rows = std::min(rows, len_ - i0);
     for (int64_t s = 0; s < w_; ++s) {
-      const char* lane = reinterpret_cast<const char*>(base_ + s * lane_ + i0);
+      const char* lane = reinterpret_cast<const char*>(base_ + s * lanes_.lane + i0);
       for (int64_t b = 0; b < rows * static_cast<int64_t>(sizeof(T)); b += 64) {
         __builtin_prefetch(lane + b, 0, 1);
       }
@@ -327,22 +324,15 @@ class RowReader {
   }
 
   void Load(int64_t b) {
-    const bool back = b < block_;  // a reverse-time sweep: prefetch the rows before
     block_ = b;
     const int64_t i0 = b * kRows, rows = row_ == 0 ? 1 : std::min(kRows, len_ - i0);
-    if (group_ > 1) {
-      if (row_ != 0) {
-        if (!back) {
-          GroupPrefetch(i0 + kAhead, kRows);
-        } else if (i0 >= kAhead) {
-          GroupPrefetch(i0 - kAhead, kRows);
-        }
-      }
-      MoveRuns<true>(const_cast<T*>(base_ + i0 * row_), lane_, row_, group_, inner_, buf_, W_,
-                     w_ / group_, rows);
+    if (lanes_.group > 1) {
+      if (row_ != 0) GroupPrefetch(i0 + kAhead, kRows);
+      MoveRuns<true>(const_cast<T*>(base_ + i0 * row_), lanes_.lane, row_, lanes_.group,
+                     lanes_.inner, buf_, W_, w_ / lanes_.group, rows);
       return;
     }
-    if (lane_ == 0) {
+    if (lanes_.lane == 0) {
       for (int64_t r = 0; r < rows; ++r) std::fill(buf_ + r * W_, buf_ + r * W_ + w_, At(0, i0 + r));
       return;
     }
@@ -351,7 +341,7 @@ class RowReader {
       Prefetch(i0 + kAhead, kRows);
       for (; s0 + kBlock <= w_; s0 += kBlock) {
         for (int64_t r = 0; r < kRows; r += kBlock) {
-          Transpose8(base_ + s0 * lane_ + i0 + r, lane_, buf_ + r * W_ + s0, W_);
+          Transpose8(base_ + s0 * lanes_.lane + i0 + r, lanes_.lane, buf_ + r * W_ + s0, W_);
         }
       }
     }
@@ -362,7 +352,8 @@ class RowReader {
   }
 
   const T* base_;
-  int64_t lane_, group_, inner_, row_, w_, W_, len_;
+  Geometry::Strides lanes_;  // lane s at base_ + lanes_.Offset(s)
+  int64_t row_, w_, W_, len_;
   T* buf_;
   int64_t block_;
 };
@@ -1341,7 +1332,7 @@ class RowWriter {
             T* buf) {
     data_ = data;
     st_ = st;
-    lane_ = st.group == 1 ? st.lane : 0;  // 1: contiguous lanes, written in place
+    in_place_ = st.group == 1 && st.lane == 1;  // contiguous lanes
     row_ = row;
     w_ = w;
     W_ = W;
@@ -1351,7 +1342,7 @@ class RowWriter {
   }
 
   T* Row(int64_t i) {
-    if (lane_ == 1) return data_ + st_.base + i * row_;
+    if (in_place_) return data_ + st_.base + i * row_;
     const int64_t b = i / kRows;
     if (b != block_) {
       Flush();
@@ -1361,7 +1352,7 @@ class RowWriter {
   }
 
   void Flush() {
-    if (lane_ == 1 || block_ < 0) return;
+    if (in_place_ || block_ < 0) return;
     const int64_t i0 = block_ * kRows;
     StoreRows(data_, st_, row_, w_, W_, i0, std::min(kRows, len_ - i0), buf_);
     block_ = -1;
@@ -1370,7 +1361,8 @@ class RowWriter {
  private:
   T* data_;
   Geometry::Strides st_;
-  int64_t lane_, row_, w_, W_, len_;
+  bool in_place_;
+  int64_t row_, w_, W_, len_;
   T* buf_;
   int64_t block_;
 };
