@@ -2,6 +2,7 @@
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_pivoting.py [--batch 100000] [--n 100]
     python benchmarks/bench_pivoting.py --accuracy      # only the accuracy table (README)
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_pivoting.py --long
     (either one with --json FILE: also write the tables as data)
 
 Accuracy: for float32 and float64, N = 10, 1000 and 100000 (batches of 1000, 100 and 4
@@ -15,6 +16,11 @@ inputs, and the largest normwise backward error ||b - Ax|| / (||A|| ||x|| + ||b|
 Cost: tridiax.solve_tridiagonal with pivoting=True beside pivoting=False, (N, B) along axis 0
 and (B, N) along the last axis, float32 and float64, minimum of --repeats after a warm-up,
 compile time separately; the ratio is measured side by side in one run.
+
+Long (--long): few long systems with pivoting=True, split into checked pivoted chunks by the
+planner beside one sequential sweep per system (`tridiax.TDMA(pivoting=True, chunk=0)`), the
+unpivoted solve and the memory floor (a*b + c*d), random and Helmholtz matrices, with the
+normwise backward error of each pivoted answer.
 
 --json writes the tables as data (tables "accuracy", with `error` and `backward_error`, and
 "cost"; see benchmarks/_timing.py).
@@ -113,15 +119,68 @@ def cost_table(batch, n, repeats, rows):
                   f"{compiles[0]:>5.2f}/{compiles[1]:.2f}")
 
 
+LONG_SHAPES = (((10_000_000,), 0), ((1_000_000, 4), 0), ((4, 1_000_000), -1))
+
+
+def long_table(repeats, rows):
+    print(f"\nfew long systems, pivoting=True: chunked (planner) against one sequential sweep "
+          f"(min of {repeats}; machine: {machine()})")
+    print(f"{'dtype':>8} {'data':>22} {'matrix':>10} {'floor':>9} {'unpivoted':>10} "
+          f"{'sequential':>11} {'chunked':>9} {'speed-up':>8} {'backward error (seq, chunked)':>30}")
+    for dtype in (np.float32, np.float64):
+        for shape, axis in LONG_SHAPES:
+            n = shape[axis]
+            systems = int(np.prod(shape)) // n
+            for kind in ("random", "helmholtz"):
+                bands = [np.moveaxis(a, -1, axis).reshape(shape)
+                         for a in matrices(n, systems, kind)]
+                args = [jnp.asarray(a, dtype) for a in bands]
+                wide = [np.asarray(a, np.float64) for a in args]
+
+                def solver(**kw):
+                    def fn(l, d, u, b):
+                        return tridiax.TDMA(**kw)(tridiax.Tridiagonal(l, d, u, axis=axis), b)
+                    return fn
+
+                cases = {"floor": lambda l, d, u, b: l * d + u * b,
+                         "unpivoted": solver(),
+                         "sequential": solver(pivoting=True, chunk=0),
+                         "chunked": solver(pivoting=True)}
+                ms, errors = {}, {}
+                for name, fn in cases.items():
+                    best, compile_s, compiled = timed(fn, *args, repeats=repeats)
+                    ms[name] = best * 1e3
+                    if name in ("sequential", "chunked"):
+                        x = np.asarray(compiled(*args), np.float64)
+                        errors[name] = float(np.max(verify.relative_residual(
+                            *wide[:3], x, wide[3], axis=axis)))
+                    rows.append(row("long", f"{shape} axis {axis}, {kind}", f"tridiax {name}",
+                                    shape=shape, axis=axis, dtype=np.dtype(dtype).name,
+                                    ms=ms[name], compile_s=compile_s, matrix=kind,
+                                    backward_error=errors.get(name, float("nan"))))
+                print(f"{np.dtype(dtype).name:>8} {str(shape) + ' ax' + str(axis):>22} {kind:>10} "
+                      f"{ms['floor']:>6.2f} ms {ms['unpivoted']:>7.2f} ms "
+                      f"{ms['sequential']:>8.2f} ms {ms['chunked']:>6.2f} ms "
+                      f"{ms['sequential'] / ms['chunked']:>7.1f}x "
+                      f"{errors['sequential']:>14.1e} {errors['chunked']:>14.1e}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--accuracy", action="store_true", help="only the accuracy table")
+    parser.add_argument("--long", action="store_true",
+                        help="only the table of few long pivoted systems (chunked)")
     add_json_option(parser)
     args = parser.parse_args()
     rows = []  # the tables as data, for --json
+    if args.long:
+        long_table(args.repeats, rows)
+        if args.json:
+            write_rows(args.json, rows, {"args": vars(args)})
+        return
     accuracy_table(rows)
     if not args.accuracy:
         cost_table(args.batch, args.n, args.repeats, rows)

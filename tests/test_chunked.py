@@ -267,7 +267,12 @@ def test_planner_chunks_few_long_systems_only():
         assert parts == -(-Q * np.dtype(dtype).itemsize // _planner.CHUNK_ROW_BYTES), Q
     # Too little work to share out, a kind that stays sequential, the user's 0.
     assert _planner.solve_chunk(1, 1000, 1, np.float32, **plan) == 0
-    assert _planner.solve_chunk(1, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) == 0
+    # Pivoted: chunked while the systems leave vector lanes idle, whole once they fill them.
+    pivoted = {**plan, "kind": "pivoted"}
+    lanes = _planner.cpu_cores() * 2 * _planner.vector_lanes(np.float32)
+    assert _planner.solve_chunk(1, 10**6, 1, np.float32, **pivoted) > 0
+    assert _planner.solve_chunk(lanes, 10**6, 1, np.float32, **pivoted) == 0
+    assert _planner.solve_chunk(1, 10**6, lanes, np.float32, **pivoted) == 0
     assert _planner.solve_chunk(1, 10**6, 1, np.float32, **plan, chunk=0) == 0
     assert _planner.solve_chunk(1, 10**6, 1, np.float32, **plan, chunk=1000) == 1000
     # Recurrences: only a lack of parallelism chunks them.
@@ -298,7 +303,9 @@ def test_gpu_plan_fills_the_sms_with_chunks_that_divide_n():
     assert m and 10**6 % m == 0  # no padded last chunk for the composed sweeps
     assert 64 * (10**6 // m) >= _planner.GPU_LANES
     assert _planner.solve_chunk(1, 1000, _planner.GPU_WIDE, np.float32, **plan) == 0
-    assert _planner.solve_chunk(64, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) == 0
+    # Pivoted too (each chunk pivoted, the answer checked); factored solves stay whole.
+    assert _planner.solve_chunk(64, 10**6, 1, np.float32, **{**plan, "kind": "pivoted"}) > 0
+    assert _planner.solve_chunk(64, 10**6, 1, np.float32, **{**plan, "kind": "factored"}) == 0
     r = _planner.recurrence_chunk(1, 10**6, 64, np.float32, linear=True,
                                   backend="pallas_triton", platform="cuda")
     assert r and 64 * (10**6 // r) >= _planner.GPU_LANES // 2
@@ -336,8 +343,7 @@ def test_tdma_chunk_override_and_its_errors():
         tridiax.TDMA(chunk=-3)
     with pytest.raises(ValueError, match="chunk"):
         tridiax.TDMA(chunk=2.5)
-    with pytest.raises(ValueError, match="pivoted"):
-        tridiax.TDMA(chunk=64, pivoting=True)
+    assert rel_err(tridiax.TDMA(chunk=64, pivoting=True)(op, b), ref) < 1e-12
     with pytest.raises(ValueError, match="chunk"):
         tridiax.TDMA(chunk=64)(op.factor(), b)
     # A static field: jit sees it as part of the treedef, not a traced leaf.
@@ -446,5 +452,5 @@ def test_lineax_tdma_takes_the_chunk_override():
     ref = verify.reference_solve(l, d, u, b)
     for solver in (TDMA(chunk=40), tridiax.TDMA(chunk=40), TDMA(chunk=0)):
         assert rel_err(lx.linear_solve(op, jnp.asarray(b), solver=solver).value, ref) < 1e-12
-    with pytest.raises(ValueError, match="pivoted"):
-        TDMA(chunk=40, pivoting=True)
+    assert rel_err(lx.linear_solve(op, jnp.asarray(b), solver=TDMA(chunk=40, pivoting=True)).value,
+                   ref) < 1e-12

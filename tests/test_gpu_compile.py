@@ -157,7 +157,7 @@ def test_entry_points_compile_without_spills_and_fill_the_device(dtype):
 
 def test_few_long_systems_fill_the_device():
     # 2 048 systems of 10^5 rows (64 features of 10^6 steps): 32 blocks (one) unless the rows
-    # are split into chunks. The chunk sweeps (each chunk a system of one batch) must fill the
+    # are split into chunks, pivoted ones too. The chunk sweeps (each chunk a system of one batch) must fill the
     # SMs; the reduced systems in between (one row per chunk, 1/m of the work) may launch
     # fewer blocks. (Fewer plain systems than that go to cuSPARSE: the test below.)
     _require_harness()
@@ -176,7 +176,7 @@ def test_few_long_systems_fill_the_device():
 
 
 def _long_cases():
-    return {**_cases("float32", 2048, 10**5, names=("plain", "plain / grad")),
+    return {**_cases("float32", 2048, 10**5, names=("plain", "plain / grad", "pivoting")),
             **_cases("float32", 64, 10**6, names=("linear_recurrence",), axes=(0,))}
 
 

@@ -158,10 +158,10 @@ def check_chunk(chunk, kind: str | None = None) -> int | None:
         return None
     if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 0 or chunk == 1:
         raise ValueError(f"chunk must be None, 0 or an int >= 2 (rows per chunk), got {chunk!r}.")
-    if chunk and kind is not None and kind not in _planner.CHUNKED_KINDS:
+    if chunk and kind is not None and kind not in (*_planner.CHUNKED_KINDS, "periodic_pivoted"):
         raise ValueError(
-            "chunk applies to unpivoted solves: pivoted, pivoted periodic and factored solves "
-            f"sweep each system whole (got chunk={chunk!r} for a {kind} solve); pass chunk=None.")
+            "chunk applies to solves from the bands: factored solves sweep each system whole "
+            f"(got chunk={chunk!r} for a {kind} solve); pass chunk=None.")
     return int(chunk)
 
 

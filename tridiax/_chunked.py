@@ -36,10 +36,12 @@ step.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from . import _planner
 from ._dtypes import compute_dtype
+from ._layout import rows_at
 
 
 def _next_chunk(v: Array, periodic: bool) -> Array:
@@ -52,34 +54,100 @@ def _next_chunk(v: Array, periodic: bool) -> Array:
 
 
 def solve(kernels, l, d, u, b, *, plan: _planner.Plan, transposed: bool, periodic: bool,
-          replan) -> Array:
+          replan, pivoting: bool = False) -> Array:
     """x of the (P|1, N|1, Q|1) systems, chunked by `plan.chunk` rows, in the compute dtype.
 
     `kernels` holds the backend's `chunk_ends`, `chunk_solve` and `solve` (`_backend.py`);
-    `replan(P, C, Q)` plans the reduced system (its own chunking and tiles)."""
+    `replan(P, C, Q)` plans the reduced system (its own chunking and tiles). `pivoting`: every
+    chunk, and the reduced system, eliminated with partial pivoting (see `solve_any`)."""
     m = plan.chunk
+    pivots = {"pivoting": True} if pivoting else {}
     lower, diag1, rhs1, diag2, upper, rhs2 = kernels.chunk_ends(
-        l, d, u, b, transposed=transposed, periodic=periodic, chunk=m, tiling=plan.tiling)
+        l, d, u, b, transposed=transposed, periodic=periodic, chunk=m, tiling=plan.tiling,
+        **pivots)
     diag = diag1 + _next_chunk(diag2, periodic)
     upper = _next_chunk(upper, periodic)
     rhs = rhs1 + _next_chunk(rhs2, periodic)
     P, C, Q = rhs.shape
+    kind = "pivoted" if pivoting else "periodic" if periodic else "thomas"
     separators = solve_any(kernels, lower, diag, upper, rhs, plan=replan(P, C, Q),
-                           transposed=False, kind="periodic" if periodic else "thomas",
-                           out_dtype=rhs.dtype, replan=replan)
+                           transposed=False, kind=kind, out_dtype=rhs.dtype, replan=replan)
     return kernels.chunk_solve(l, d, u, b, separators, transposed=transposed, periodic=periodic,
-                               chunk=m, tiling=plan.tiling)
+                               chunk=m, tiling=plan.tiling, **pivots)
+
+
+# The largest backward error, in units of the compute dtype's epsilon, that a chunked pivoted
+# solve may return (`separator_backward_error`); above it, or NaN, the systems are solved
+# again whole. The sequential sweep itself (LAPACK's order) is not below it everywhere: on 1-D
+# Helmholtz systems of 10^6 rows (benchmarks/bench_pivoting.py --long) it left 12-25 epsilons
+# in float64 and 12-1082 in float32, the chunks 12-177 and 12-76, the bound at the separators
+# within 2% of the full residual's.
+PIVOTED_BACKWARD_ERROR = 256
+
+
+def separator_backward_error(l, d, u, b, x, *, chunk: int, transposed: bool) -> Array:
+    """A bound on the normwise backward error of the chunked answer x of A x = b (A^T x = b
+    when `transposed`) along axis 1 of (P|1, N|1, Q|1) operands, from its separator rows
+    alone: per system, (P|1, 1, Q|1); NaN where x is not finite there.
+
+    Each chunk's interior is solved by Gaussian elimination with partial pivoting with its
+    separators moved to the right-hand side, which is backward stable for those rows whatever
+    the separators: their residual is within a small multiple of epsilon times ||A|| ||x||
+    (+ ||b||) as long as x is finite. A chunk that is singular or ill-conditioned spoils its
+    spikes, hence the reduced system and the separators; that shows in the residuals of the
+    separator rows (or as infinities and NaN there, as the spikes of a zero pivot are). So the
+    largest separator residual over ||A|| ||x|| + ||b|| bounds the answer's normwise backward
+    error (Rigal and Gaches) wherever it exceeds the interiors' rounding. The norms are taken
+    over the separator rows and their neighbours only, lower bounds of the true norms, so the
+    bound errs on the side of solving again. It reads C rows per system instead of the N
+    that a full residual would (an XLA reduction over all rows cost 3x the chunked solve)."""
+    N = x.shape[1]
+    starts = np.arange(0, N, chunk)
+    seps = np.minimum(starts + chunk, N) - 1
+    after = np.minimum(seps + 1, N - 1)  # row N-1 has no row after it: its sup term is dropped
+    has_after = (seps + 1 < N)[None, :, None]
+    x_at = rows_at(x, seps)
+    x_before, x_after = rows_at(x, seps - 1), jnp.where(has_after, rows_at(x, after), 0)
+    if transposed:  # A^T: sub_s = upper_{s-1}, sup_s = lower_{s+1}
+        sub, sup = rows_at(u, seps - 1), rows_at(l, after)
+    else:
+        sub, sup = rows_at(l, seps), rows_at(u, seps)
+    sup = jnp.where(has_after, sup, 0)
+    dia, rhs = rows_at(d, seps), rows_at(b, seps)
+    def per_system(v):
+        return jnp.max(v, axis=1, keepdims=True)
+
+    worst = per_system(jnp.abs(rhs - (sub * x_before + dia * x_at + sup * x_after)))
+    norm_a = per_system(jnp.abs(sub) + jnp.abs(dia) + jnp.abs(sup))
+    norm_x = per_system(jnp.maximum(jnp.maximum(jnp.abs(x_before), jnp.abs(x_at)),
+                                    jnp.abs(x_after)))
+    return jnp.where(worst == 0, jnp.zeros_like(worst),
+                     worst / (norm_a * norm_x + per_system(jnp.abs(rhs))))
 
 
 def solve_any(kernels, l, d, u, b, *, plan, transposed: bool, kind: str, out_dtype,
-              replan) -> Array:
+              replan, whole=None) -> Array:
     """A solve by `plan`, returned in `out_dtype`: chunked (recursively; the sweeps work in the
-    compute dtype) or by the kernel kind directly."""
+    compute dtype) or by the kernel kind directly.
+
+    A chunked pivoted solve pivots inside each chunk and in the reduced system, which is
+    backward stable when the chunks' interiors are well conditioned but not otherwise (a chunk
+    may be singular in a nonsingular matrix). With `whole` (the plan of the systems unchunked)
+    its answer is checked (`separator_backward_error`): where the backward error exceeds
+    PIVOTED_BACKWARD_ERROR epsilons, or is NaN, every system is solved again by the sequential
+    pivoted sweep (LAPACK's gtsv order), so that the answer is backward stable either way."""
     if plan.chunk:
         cdt = compute_dtype(out_dtype)
         l, d, u, b = (v.astype(cdt) for v in (l, d, u, b))
         x = solve(kernels, l, d, u, b, plan=plan, transposed=transposed,
-                  periodic=kind == "periodic", replan=replan)
+                  periodic=kind == "periodic", replan=replan, pivoting=kind == "pivoted")
+        if kind == "pivoted" and whole is not None:
+            eta = separator_backward_error(l, d, u, b, x, chunk=plan.chunk,
+                                           transposed=transposed)
+            limit = PIVOTED_BACKWARD_ERROR * jnp.finfo(cdt).eps
+            x = lax.cond(jnp.all(eta <= limit), lambda: x,
+                         lambda: kernels.solve(l, d, u, b, transposed=transposed, out_dtype=cdt,
+                                               kind=kind, tiling=whole.tiling))
         return x.astype(out_dtype)
     return kernels.solve(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind,
                          tiling=plan.tiling)

@@ -17,7 +17,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
-from jax import Array
+from jax import Array, lax
 
 
 def broadcast_shape(*arrays) -> tuple[int, ...]:
@@ -82,3 +82,19 @@ def columns_if(move: bool, views, P: int, Q: int):
         return views, P, Q, lambda x: x
     views, back = to_columns(views, P, Q)
     return views, 1, P * Q, back
+
+
+def rows_at(v: Array, index) -> Array:
+    """Rows `index` (C static row numbers, in range) of (p, n, q) along axis 1: (p, C, q); an
+    operand broadcast along N gives its one row for every chunk."""
+    index = np.asarray(index)
+    p, n, q = v.shape
+    if n == 1:
+        return jnp.broadcast_to(v, (p, len(index), q))
+    head, last = index[:-1], int(index[-1])
+    steps = np.diff(head)
+    if len(head) and (len(head) == 1 or (np.all(steps == steps[0]) and steps[0] > 0)):
+        step = int(steps[0]) if len(head) > 1 else 1
+        body = lax.slice_in_dim(v, int(head[0]), int(head[-1]) + 1, stride=step, axis=1)
+        return lax.concatenate([body, lax.slice_in_dim(v, last, last + 1, axis=1)], 1)
+    return jnp.take(v, index, axis=1)

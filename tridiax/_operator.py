@@ -245,9 +245,10 @@ class TDMA(eqx.Module):
     - `chunk`: how long systems are split (docs/guides/long-systems.md). None lets the planner
       decide from the shape, dtype and device (few long systems are split into chunks solved
       as one batch by the partition method); 0 never splits; an int >= 2 asks for chunks of
-      about that many rows. Chunking needs every chunk's interior matrix nonsingular, which
-      diagonally dominant and symmetric positive definite matrices guarantee; pivoted solves
-      are never chunked (a chunk with pivoting=True is an error).
+      about that many rows. Unpivoted chunking needs every chunk's interior matrix
+      nonsingular, which diagonally dominant and symmetric positive definite matrices
+      guarantee; with pivoting=True each chunk is pivoted and the answer's backward error is
+      checked, the sequential pivoted sweep taking over where the check fails.
 
     `operator` is a `tridiax.Tridiagonal` (periodic or not) or a `TridiagonalFactorization`
     (then the backend and block it was made with apply).

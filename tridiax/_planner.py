@@ -15,10 +15,11 @@ Kernels receive decisions, they do not make them. Two decisions, one small funct
 - **Tiles** (`cpu_tiling`, `gpu_tiles`): how many systems (lanes) one program or one C++ tile
   sweeps together, and along which dimension of the (P, C, Q) lanes.
 
-What stays sequential: pivoted, factored and pivoted periodic solves, and nonlinear
-(IndRNN) recurrences are never chunked (docs/guides/long-systems.md); the planner says so with
-`chunkable`. A user overrides the chunk length with `chunk=` (`tridiax.TDMA(chunk=...)`):
-0 never chunks, an integer asks for chunks of about that many rows.
+What stays sequential: factored solves and nonlinear (IndRNN) recurrences are never chunked,
+pivoted solves only while their systems leave vector lanes idle (docs/guides/long-systems.md);
+the planner says so with `chunkable` and `solve_chunk`. A user overrides the chunk length with
+`chunk=` (`tridiax.TDMA(chunk=...)`): 0 never chunks, an integer asks for chunks of about that
+many rows.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import numpy as np
 
 from ._dtypes import compute_dtype
 
-# Kernel kinds whose chunked form exists (the partition method without pivoting).
-CHUNKED_KINDS = ("thomas", "periodic")
+# Kernel kinds whose chunked form exists: the partition method without pivoting, and with
+# partial pivoting inside each chunk and in the reduced system, its answer checked
+# (`_chunked.solve_any`).
+CHUNKED_KINDS = ("thomas", "periodic", "pivoted")
 # Backends whose long systems the planner splits on its own: the native kernel's fused chunk
 # sweeps, and on GPU the sweeps composed around the plain Pallas kernel
 # (`_kernels/_composed_chunks.py`; compiled for sm_90a by tests/test_gpu_compile.py, not yet
@@ -180,6 +183,14 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
     if platform == "cpu":
         if systems * N < MIN_CHUNKED_WORK:
+            return 0
+        # Pivoted sweeps are a chain of compares, selects and a division per row: whole systems
+        # once they fill two vectors of lanes per core, even where their work rows spill. Side
+        # by side (2-core Zen 4, random bands, ms, whole -> chunked): float32 one system of
+        # 10^7 rows 254 -> 31, (16, 10^6) batch-first 70 -> 46, (10^6, 16) along axis 0 54 ->
+        # 34, but (10^6, 64) 226 -> 300 and (64, 10^6) 190 -> 183; float64 (10^6, 16) 92 -> 58,
+        # (16, 10^6) 89 -> 93.
+        if kind == "pivoted" and systems >= cpu_cores() * 2 * vector_lanes(dtype):
             return 0
         # Batch-first Thomas solves scan one system at a time (`scanned`): whole systems as
         # soon as every core has one. Their two work rows may spill to memory (4 array passes
@@ -375,7 +386,9 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
     rows = m or N
     columns = {"thomas": 2, "factored": 1, "periodic": 3, "pivoted": 4}.get(kind, 2)
     scan = backend == "native" and scanned(N, Q, kind, dtype, chunk=m)
-    return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=3 if m else columns,
+    if m:  # the chunk sweeps' work rows: c', y', z' (pivoted: 1/pivot, U1, U2, y')
+        columns = 4 if kind == "pivoted" else 3
+    return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=columns,
                            block=block, scan=scan))
 
 

@@ -96,11 +96,12 @@ def _lowering(platform: str):
                 return x.reshape(shape)
             move = _planner.gpu_columns(P, Q, dtype, backend=backend, block=block)
             views, P, Q, back = _layout.columns_if(move, views, P, Q)
-            reduced = "periodic" if kind == "periodic" else "thomas"
+            reduced = kind if kind in ("periodic", "pivoted") else "thomas"
             x = _chunked.solve_any(
                 kernels, *views, plan=plan(P, N, Q, kind, chunk), transposed=transposed,
                 kind=kind, out_dtype=operands[3].dtype,
-                replan=lambda P, C, Q: plan(P, C, Q, reduced, None if chunk != 0 else 0))
+                replan=lambda P, C, Q: plan(P, C, Q, reduced, None if chunk != 0 else 0),
+                whole=plan(P, N, Q, kind, 0))
             return back(x).reshape(shape)
 
         split = None if kind == "factored" else functools.partial(

@@ -70,7 +70,7 @@ import numpy as np
 from jax import Array, lax
 
 from .._dtypes import compute_dtype
-from .._layout import broadcast_shape
+from .._layout import broadcast_shape, rows_at
 
 # ---------------------------------------------------------------------------------------------
 # The chunk view.
@@ -157,22 +157,6 @@ def _pick(s4: Array, row: int, last_row: int) -> Array:
     return lax.concatenate([s4[:, : C - 1, row], s4[:, C - 1 :, last_row]], 1)
 
 
-def _rows(v: Array, index) -> Array:
-    """Rows `index` (C static row numbers, in range) of (p, n, q) along axis 1: (p, C, q); an
-    operand broadcast along N gives its one row for every chunk."""
-    index = np.asarray(index)
-    p, n, q = v.shape
-    if n == 1:
-        return jnp.broadcast_to(v, (p, len(index), q))
-    head, last = index[:-1], int(index[-1])
-    steps = np.diff(head)
-    if len(head) and (len(head) == 1 or (np.all(steps == steps[0]) and steps[0] > 0)):
-        step = int(steps[0]) if len(head) > 1 else 1
-        body = lax.slice_in_dim(v, int(head[0]), int(head[-1]) + 1, stride=step, axis=1)
-        return lax.concatenate([body, lax.slice_in_dim(v, last, last + 1, axis=1)], 1)
-    return jnp.take(v, index, axis=1)
-
-
 def _first_chunk_zero(v: Array, keep: bool) -> Array:
     """(p, C, q) with chunk 0 set to zero (unless `keep`)."""
     if keep:
@@ -193,13 +177,18 @@ def _check_chunk(N: int, m: int) -> tuple[int, int]:
     return C, L
 
 
-def _band_views(l, d, u, *, P: int, N: int, C: int, m: int, L: int, transposed: bool):
+def _band_views(l, d, u, *, P: int, N: int, C: int, m: int, L: int, transposed: bool,
+                pivoting: bool = False):
     """Chunk views of the bands with omega, the coupling of each chunk's last interior row to
     its separator, zeroed: upper at interior row n-1 (lower at the separator row n when
     transposed). When padding, the padding rows are identity rows (lower 0, diag 1, upper 0,
     lower and diag materialised if broadcast along N) and upper[N-1], which lies outside the
     matrix or is a periodic corner that the reduced system carries, is zeroed: the padding
-    then neither reaches the real rows nor produces infinities."""
+    then neither reaches the real rows nor produces infinities.
+
+    `pivoting`: the separator rows become identity rows too. Unpivoted, the separator row only
+    follows the interior (its value is discarded); with row interchanges it could be chosen as
+    a pivot and carry its own (possibly zero) diagonal into the interior's answer."""
     padded = C * m != N
     lv = _view(l, P, N, C, m, fill=0, rows=padded)
     dv = _view(d, P, N, C, m, fill=1, rows=padded)
@@ -208,8 +197,15 @@ def _band_views(l, d, u, *, P: int, N: int, C: int, m: int, L: int, transposed: 
                              jnp.zeros((u.shape[0], 1, u.shape[2]), u.dtype)], 1)
     uv = _view(u, P, N, C, m, fill=0)
     zero = jnp.zeros((), u.dtype)
-    if transposed:
-        lv = jnp.where(_row_mask(P, C, m, m - 1, L - 1), zero, lv)
+    separator = _row_mask(P, C, m, m - 1, L - 1)
+    if pivoting:
+        # Zero both couplings between row n-1 and the separator row n, whichever way the
+        # bands are read, and give the separator row a unit diagonal.
+        lv = jnp.where(separator, zero, lv)
+        uv = jnp.where(_row_mask(P, C, m, m - 2, L - 2), zero, uv)
+        dv = jnp.where(separator, jnp.ones((), dv.dtype), dv)
+    elif transposed:
+        lv = jnp.where(separator, zero, lv)
     else:
         uv = jnp.where(_row_mask(P, C, m, m - 2, L - 2), zero, uv)
     return lv, dv, uv
@@ -220,20 +216,20 @@ def _couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool
     previous separator's coupling to row 0), zero for chunk 0 unless periodic, and omega."""
     starts = np.arange(C) * m
     seps = np.minimum(starts + m, N) - 1
-    first_lower = _rows(l, starts)
-    upper_before = _rows(u, (starts - 1) % N)  # row N-1 (the corner) for chunk 0
+    first_lower = rows_at(l, starts)
+    upper_before = rows_at(u, (starts - 1) % N)  # row N-1 (the corner) for chunk 0
     alpha, beta = (upper_before, first_lower) if transposed else (first_lower, upper_before)
     alpha, beta = (_first_chunk_zero(v, periodic) for v in (alpha, beta))
-    omega = _rows(l, seps) if transposed else _rows(u, seps - 1)
+    omega = rows_at(l, seps) if transposed else rows_at(u, seps - 1)
     return alpha, beta, omega, seps
 
 
 def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
-                   stack: bool = True):
+                   pivoting: bool = False, stack: bool = True):
     """The partition method's first sweep over (P|1, N|1, Q|1) operands by the plain kernel
-    `solve`: the six (P, C, Q) arrays (lower, diag1, rhs1, diag2, upper, rhs2) of
-    `_native.chunk_ends_pnq`, in b's dtype (the compute dtype). `stack=False` always runs
-    three sweeps (see `composed`)."""
+    `solve` (its pivoted kind with `pivoting`): the six (P, C, Q) arrays (lower, diag1, rhs1,
+    diag2, upper, rhs2) of `_native.chunk_ends_pnq`, in b's dtype (the compute dtype).
+    `stack=False` always runs three sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
     C, L = _check_chunk(N, m)
@@ -241,18 +237,19 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
     l, d, u = (v.astype(dtype) for v in (l, d, u))
     alpha, beta, omega, seps = _couplings(l, u, N=N, C=C, m=m, transposed=transposed,
                                           periodic=periodic)
-    sub_n = _rows(u, seps - 1) if transposed else _rows(l, seps)
-    d_n, b_n = _rows(d, seps), _rows(b, seps)
+    sub_n = rows_at(u, seps - 1) if transposed else rows_at(l, seps)
+    d_n, b_n = rows_at(d, seps), rows_at(b, seps)
 
-    bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed)
+    bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
+                        pivoting=pivoting)
     bv = _view(b, P, N, C, m, fill=0)
     rows = lax.broadcasted_iota(np.int32, (1, m, 1), 1)
     e_first = (rows == 0).astype(dtype)
     e_last = _row_mask(P, C, m, m - 2, L - 2).astype(dtype)
     rhs = (bv, e_first, e_last)
     full = broadcast_shape(*bands, *rhs)
-    run = functools.partial(solve, transposed=transposed, out_dtype=dtype, kind="thomas",
-                            tiling=tiling)
+    run = functools.partial(solve, transposed=transposed, out_dtype=dtype,
+                            kind="pivoted" if pivoting else "thomas", tiling=tiling)
     stack = next((k for k in (2, 0) if all(v.shape[k] == 1 for v in bands + (e_last,))),
                  None) if stack else None
     if stack is None:
@@ -276,7 +273,7 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
 
 
 def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic: bool,
-                    chunk: int, tiling):
+                    chunk: int, tiling, pivoting: bool = False):
     """The partition method's last sweep by the plain kernel `solve`: x (P, N, Q) in b's dtype,
     every chunk's interior solved with its separators (P|1, C, Q|1) known, as
     `_native.chunk_solve_pnq`."""
@@ -294,7 +291,8 @@ def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic
                                 lax.slice_in_dim(right, 0, C - 1, axis=1)], 1)
     left = _first_chunk_zero(previous, periodic)
 
-    bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed)
+    bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
+                        pivoting=pivoting)
     bv = _view(b, P, N, C, m, fill=0, rows=True)
     zero = jnp.zeros((), dtype)
     first = lax.broadcasted_iota(np.int32, (1, m, 1), 1) == 0
@@ -303,7 +301,8 @@ def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic
     # row 0 when n = 1); other rows unchanged (b - 0 - 0 == b).
     r = (bv - jnp.where(first, _per_chunk_view(alpha * left, P), zero)
          - jnp.where(last, _per_chunk_view(omega * right, P), zero))
-    x = solve(*bands, r, transposed=transposed, out_dtype=dtype, kind="thomas", tiling=tiling)
+    x = solve(*bands, r, transposed=transposed, out_dtype=dtype,
+              kind="pivoted" if pivoting else "thomas", tiling=tiling)
     # The separator rows hold whatever the kernel made of them: overwritten (in place).
     x = jnp.broadcast_to(x, (P * C, m, Q)).reshape(P, C, m, Q)
     right = jnp.broadcast_to(right, (P, C, Q))

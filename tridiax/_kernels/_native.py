@@ -228,26 +228,29 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
                 **_tile_attrs(tiling)).astype(out_dtype)
 
 
-def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling):
+def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
+                   pivoting: bool = False):
     """The partition method's first sweep (`_chunked.py`): six (P, C, Q) arrays, the
-    contributions of each chunk of `chunk` rows to the reduced system, in the compute dtype."""
+    contributions of each chunk of `chunk` rows to the reduced system, in the compute dtype.
+    `pivoting`: each chunk eliminated with partial pivoting."""
     _require()
     shape = broadcast_shape(l, d, u, b)
     P, N, Q = shape
     out = jax.ShapeDtypeStruct((P, -(-N // chunk), Q), b.dtype)
     call = jax.ffi.ffi_call("tridiax_chunk_ends_cpu", (out,) * 6)
-    return call(l, d, u, b, transposed=transposed, periodic=periodic, chunk=np.int64(chunk),
-                **_tile_attrs(tiling))
+    return call(l, d, u, b, transposed=transposed, periodic=periodic, pivoting=pivoting,
+                chunk=np.int64(chunk), **_tile_attrs(tiling))
 
 
 def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool, chunk: int,
-                    tiling):
-    """The partition method's last sweep: every chunk's rows, its separators (P, C, Q) known."""
+                    tiling, pivoting: bool = False):
+    """The partition method's last sweep: every chunk's rows, its separators (P, C, Q) known
+    (`pivoting`: each chunk with partial pivoting)."""
     _require()
     shape = broadcast_shape(l, d, u, b)
     call = jax.ffi.ffi_call("tridiax_chunk_solve_cpu", jax.ShapeDtypeStruct(shape, b.dtype))
     return call(l, d, u, b, separators, transposed=transposed, periodic=periodic,
-                chunk=np.int64(chunk), **_tile_attrs(tiling))
+                pivoting=pivoting, chunk=np.int64(chunk), **_tile_attrs(tiling))
 
 
 def factor_pnq(l, d, u, *, out_dtype, tiling):

@@ -54,6 +54,7 @@ constexpr int64_t kBlock = 8;   // rows and lanes of one transpose, the lane gra
 constexpr int64_t kRows = 16;   // rows per block of strided lanes (a cache line of floats)
 constexpr int64_t kAhead = 256;  // rows a strided lane is prefetched ahead of its reads
 constexpr int64_t kScanRows = 16;  // the most rows one vector holds (ScanVector<T>::L)
+constexpr int64_t kSpareRows = 32;  // a solve tile's rows of per-lane values (Solver)
 
 // ---------------------------------------------------------------------------------------------
 // Operands and the 8x8 transposes.
@@ -790,12 +791,12 @@ class Solver {
   }
 
   int64_t tiles() const { return g_.tiles(); }
-  // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, 16 spare rows; or, for systems
+  // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, kSpareRows spare rows; or, for systems
   // scanned one at a time, c' and y' of one system.
   int64_t scratch_size() const {
     const int64_t scan = 2 * (g_.chunk + kScanRows), tail = g_.N % g_.chunk;
     if (Scanned(g_.chunk) && (tail == 0 || Scanned(tail))) return scan;
-    return std::max(scan, (4 * g_.chunk + 4 * kRows + 16) * g_.W);
+    return std::max(scan, (4 * g_.chunk + 4 * kRows + kSpareRows) * g_.W);
   }
 
   void Run(int64_t begin, int64_t end, T* scratch) const {
@@ -832,7 +833,7 @@ class Solver {
     T* z = y + len * W;
     T* v = z + len * W;
     T* blocks = v + len * W;
-    T* spare = blocks + 4 * kRows * W;  // 16 rows of W
+    T* spare = blocks + 4 * kRows * W;  // kSpareRows rows of W
     RowReader<T> rd[4];
     for (int k = 0; k < 4; ++k) {
       const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
@@ -846,7 +847,7 @@ class Solver {
     auto rhs = [&](int64_t i) { return rd[3].Row(i); };
 
     if (mode_ != kSolve) {
-      Chunk(tile, rd, sub, dia, sup, rhs, c, y, z, spare);
+      Chunk(tile, rd, sub, dia, sup, rhs, c, y, z, v, spare);
       return;
     }
     if (kind_ == kFactored) {
@@ -1084,10 +1085,107 @@ class Solver {
     for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, w, W, 0, 1, o + k * W);
   }
 
-  // The partition method's sweeps on one tile of chunks (see Mode). `spare` holds 16 rows.
+  // The first sweep with partial pivoting inside each chunk: Pivoted's elimination of the
+  // interior rows 0..n-1 for the three right-hand sides b, alpha e_1 and omega e_n at once,
+  // carried in registers, nothing stored. The last values are those of U's last row; the
+  // first ones are x[0] = sum_i pi_i y'[i] with pi = e_1^T U^{-1}, which U's rows give as they
+  // are formed: pi_i = (delta_i0 - pi_{i-1} U1[i-1] - pi_{i-2} U2[i-2]) / pivot_i. With the
+  // multipliers at most 1 in magnitude, |pi| is bounded by the chunk's ||T^{-1}||: the
+  // conditioning of the chunk, not the elimination, bounds it. `work`: 20 rows.
+  template <typename Sub, typename Dia, typename Sup, typename Rhs>
+  void PivotedEnds(const Tile& tile, Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha,
+                   const T* beta, const T* omega, T* work) const {
+    const int64_t W = g_.W, w = tile.w, n = tile.len - 1;
+    // The pending row (columns i, i+1 and its three right-hand sides), pi_{i-1}, pi_{i-2},
+    // U1[i-1], U2[i-1], U2[i-2], and the sums of pi y' for the three right-hand sides.
+    T* __restrict__ pa = work;
+    T* __restrict__ pc = work + W;
+    T* __restrict__ fb = work + 2 * W;
+    T* __restrict__ fv = work + 3 * W;
+    T* __restrict__ fw = work + 4 * W;
+    T* __restrict__ p1 = work + 5 * W;
+    T* __restrict__ p2 = work + 6 * W;
+    T* __restrict__ u1p = work + 7 * W;
+    T* __restrict__ u2p = work + 8 * W;
+    T* __restrict__ u2pp = work + 9 * W;
+    T* __restrict__ sb = work + 10 * W;
+    T* __restrict__ sv = work + 11 * W;
+    T* __restrict__ sw = work + 12 * W;
+    T* zeros = work + 19 * W;  // after the 6 output rows: stands in for a missing band row
+    std::fill(zeros, zeros + w, T(0));
+    {
+      const T *d0 = dia(0), *b0 = rhs(0);
+      const T* u0 = n > 1 ? sup(0) : nullptr;
+      for (int64_t s = 0; s < w; ++s) {
+        pa[s] = d0[s];
+        pc[s] = n > 1 ? u0[s] : T(0);
+        fb[s] = b0[s];
+        fv[s] = alpha[s];
+        fw[s] = n == 1 ? omega[s] : T(0);
+        p1[s] = p2[s] = u1p[s] = u2p[s] = u2pp[s] = sb[s] = sv[s] = sw[s] = T(0);
+      }
+    }
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      const bool fill = i + 2 < n;      // sup(n-1) couples to the separator: omega, not U
+      const bool into_last = i + 2 == n;  // row i+1 = n-1 carries omega
+      const T e = i == 0 ? T(1) : T(0);
+      const T *__restrict__ l = sub(i + 1), *__restrict__ d = dia(i + 1),
+                            *__restrict__ b = rhs(i + 1);
+      // Rows of zeros for a missing upper entry and omega's absence (no branch in the loop,
+      // which then vectorises).
+      const T* __restrict__ u = fill ? sup(i + 1) : zeros;
+      const T* __restrict__ wr = into_last ? omega : zeros;
+#pragma GCC ivdep
+      for (int64_t s = 0; s < w; ++s) {
+        const T un = u[s], wn = wr[s];
+        const bool swap = Magnitude(l[s]) > Magnitude(pa[s]);
+        const T r = T(1) / (swap ? l[s] : pa[s]);
+        const T m = (swap ? pa[s] : l[s]) * r;
+        // U's row i (k: kept) and the next pending row (o: other, minus m times the kept).
+        const T k1 = swap ? d[s] : pc[s], k2 = swap ? un : T(0);
+        const T kb = swap ? b[s] : fb[s], kv = swap ? T(0) : fv[s], kw = swap ? wn : fw[s];
+        const T o1 = swap ? pc[s] : d[s], o2 = swap ? T(0) : un;
+        const T ob = swap ? fb[s] : b[s], ov = swap ? fv[s] : T(0), ow = swap ? fw[s] : wn;
+        const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) * r;
+        sb[s] += pi * kb;
+        sv[s] += pi * kv;
+        sw[s] += pi * kw;
+        p2[s] = p1[s];
+        p1[s] = pi;
+        u2pp[s] = u2p[s];
+        u2p[s] = k2;
+        u1p[s] = k1;
+        pa[s] = o1 - m * k1;
+        pc[s] = o2 - m * k2;
+        fb[s] = ob - m * kb;
+        fv[s] = ov - m * kv;
+        fw[s] = ow - m * kw;
+      }
+    }
+    const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
+    const T e = n == 1 ? T(1) : T(0);
+    T* o = work + 13 * W;  // 6 rows: the reduced system's contributions, as Ends
+    for (int64_t s = 0; s < w; ++s) {
+      const T r = T(1) / pa[s];
+      const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) * r;
+      const T yl = fb[s] * r, vl = fv[s] * r, wl = fw[s] * r;
+      o[s] = -sn[s] * vl;
+      o[W + s] = dn[s] - sn[s] * wl;
+      o[2 * W + s] = bn[s] - sn[s] * yl;
+      o[3 * W + s] = -beta[s] * (sv[s] + pi * fv[s]);
+      o[4 * W + s] = -beta[s] * (sw[s] + pi * fw[s]);
+      o[5 * W + s] = -beta[s] * (sb[s] + pi * fb[s]);
+    }
+    const auto st = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
+    for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, w, W, 0, 1, o + k * W);
+  }
+
+  // The partition method's sweeps on one tile of chunks (see Mode), by the unpivoted kinds or,
+  // kind kPivoted, with partial pivoting inside each chunk. `c`, `y`, `z`, `v`: work rows of
+  // the chunk; `spare` holds kSpareRows rows.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void Chunk(const Tile& tile, RowReader<T>* rd, Sub sub, Dia dia, Sup sup, Rhs rhs, T* c, T* y,
-             T* z, T* spare) const {
+             T* z, T* v, T* spare) const {
     const int64_t W = g_.W, w = tile.w, n = tile.len - 1;  // interior rows; row n: separator
     T* alpha = spare;          // coupling of row 0 to the previous separator
     T* beta = spare + W;       // the previous separator's sup (its coupling to row 0)
@@ -1100,7 +1198,11 @@ class Solver {
       std::copy(om, om + w, omega);
     }
     if (mode_ == kEnds) {
-      Ends(tile, sub, dia, sup, rhs, alpha, beta, omega, spare + 3 * W);
+      if (kind_ == kPivoted) {
+        PivotedEnds(tile, sub, dia, sup, rhs, alpha, beta, omega, spare + 3 * W);
+      } else {
+        Ends(tile, sub, dia, sup, rhs, alpha, beta, omega, spare + 3 * W);
+      }
       return;
     }
     // kChunkSolve: the separators are known; adjust the end rows' right-hand sides.
@@ -1126,9 +1228,15 @@ class Solver {
       const T* rl = rhs(n - 1);
       for (int64_t s = 0; s < w; ++s) bl[s] = rl[s] - omega[s];
     }
-    Eliminate(sub, dia, sup, rhs, b0, n > 1 ? bl : nullptr, nullptr, c, y, nullptr, nullptr, W,
-              w, n);
-    BackSubstitute(c, y, W, w, n);
+    if (kind_ == kPivoted) {
+      // Rows 0 and n-1 take the adjusted right-hand sides (both in b0 when n = 1).
+      auto ends = [&](int64_t i) { return i == 0 ? b0 : i == n - 1 ? bl : rhs(i); };
+      Pivoted(sub, dia, sup, ends, spare + 5 * W, v, c, z, y, W, w, n);
+    } else {
+      Eliminate(sub, dia, sup, rhs, b0, n > 1 ? bl : nullptr, nullptr, c, y, nullptr, nullptr,
+                W, w, n);
+      BackSubstitute(c, y, W, w, n);
+    }
     const auto st = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
     StoreRows(outs_[0], st, g_.Q, w, W, 0, n + 1, y);
   }
@@ -1863,7 +1971,7 @@ ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuff
                          ffi::Result<ffi::AnyBuffer> o1, ffi::Result<ffi::AnyBuffer> o2,
                          ffi::Result<ffi::AnyBuffer> o3, ffi::Result<ffi::AnyBuffer> o4,
                          ffi::Result<ffi::AnyBuffer> o5, bool transposed, bool periodic,
-                         int64_t lanes, int64_t width, int64_t chunk) {
+                         bool pivoting, int64_t lanes, int64_t width, int64_t chunk) {
   auto dims = o0->dimensions();
   const int64_t P = dims[0], Q = dims[2], N = Rows({&lower, &diag, &upper, &rhs});
   if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
@@ -1879,15 +1987,15 @@ ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuff
     using T = decltype(zero);
     T* outs[6];
     for (int k = 0; k < 6; ++k) outs[k] = static_cast<T*>(raw[k]);
-    Solve<T>(ops, nullptr, outs, g, transposed, kThomas, kEnds, periodic);
+    Solve<T>(ops, nullptr, outs, g, transposed, pivoting ? kPivoted : kThomas, kEnds, periodic);
   });
   return ok ? ffi::Error::Success() : Unsupported();
 }
 
 ffi::Error ChunkSolveImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                           ffi::AnyBuffer rhs, ffi::AnyBuffer xsep, ffi::Result<ffi::AnyBuffer> x,
-                          bool transposed, bool periodic, int64_t lanes, int64_t width,
-                          int64_t chunk) {
+                          bool transposed, bool periodic, bool pivoting, int64_t lanes,
+                          int64_t width, int64_t chunk) {
   auto dims = x->dimensions();
   const int64_t P = dims[0], N = dims[1], Q = dims[2];
   if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
@@ -1902,7 +2010,8 @@ ffi::Error ChunkSolveImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuf
   const bool ok = ForType(x->element_type(), [&](auto zero) {
     using T = decltype(zero);
     T* outs[6] = {static_cast<T*>(out)};
-    Solve<T>(ops, &sep, outs, g, transposed, kThomas, kChunkSolve, periodic);
+    Solve<T>(ops, &sep, outs, g, transposed, pivoting ? kPivoted : kThomas, kChunkSolve,
+             periodic);
   });
   return ok ? ffi::Error::Success() : Unsupported();
 }
@@ -2042,6 +2151,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkEndsCpu, ChunkEndsImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("transposed")
                                   .Attr<bool>("periodic")
+                                  .Attr<bool>("pivoting")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
                                   .Attr<int64_t>("chunk"));
@@ -2056,6 +2166,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkSolveCpu, ChunkSolveImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("transposed")
                                   .Attr<bool>("periodic")
+                                  .Attr<bool>("pivoting")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
                                   .Attr<int64_t>("chunk"));
