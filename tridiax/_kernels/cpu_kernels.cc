@@ -1073,16 +1073,32 @@ class Solver {
     const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
     T* o = work + 7 * W;  // 6 rows: the reduced system's contributions
     for (int64_t s = 0; s < w; ++s) {
-      const T wf = pi[s] * wl[s];
-      o[s] = -sn[s] * vp[s];
-      o[W + s] = dn[s] - sn[s] * wl[s];
-      o[2 * W + s] = bn[s] - sn[s] * yp[s];
-      o[3 * W + s] = -beta[s] * vs[s];
-      o[4 * W + s] = -beta[s] * wf;
-      o[5 * W + s] = -beta[s] * ys[s];
+      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s]},
+              {ys[s], vs[s], pi[s] * wl[s]});
     }
+    StoreReduced(tile, o);
+  }
+
+  // The first and last values of y, v and w in one chunk's interior.
+  struct Spikes {
+    T y, v, w;
+  };
+
+  // Lane s's six contributions to the reduced system (see Mode) into rows of `o` (W apart):
+  // from its separator row (sub, dia, rhs) and the previous separator's coupling beta.
+  void Reduced(T* o, int64_t s, T sn, T dn, T bn, T beta, Spikes last, Spikes first) const {
+    const int64_t W = g_.W;
+    o[s] = -sn * last.v;
+    o[W + s] = dn - sn * last.w;
+    o[2 * W + s] = bn - sn * last.y;
+    o[3 * W + s] = -beta * first.v;
+    o[4 * W + s] = -beta * first.w;
+    o[5 * W + s] = -beta * first.y;
+  }
+
+  void StoreReduced(const Tile& tile, const T* o) const {
     const auto st = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
-    for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, w, W, 0, 1, o + k * W);
+    for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, tile.w, g_.W, 0, 1, o + k * g_.W);
   }
 
   // The first sweep with partial pivoting inside each chunk: Pivoted's elimination of the
@@ -1168,16 +1184,10 @@ class Solver {
     for (int64_t s = 0; s < w; ++s) {
       const T r = T(1) / pa[s];
       const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) * r;
-      const T yl = fb[s] * r, vl = fv[s] * r, wl = fw[s] * r;
-      o[s] = -sn[s] * vl;
-      o[W + s] = dn[s] - sn[s] * wl;
-      o[2 * W + s] = bn[s] - sn[s] * yl;
-      o[3 * W + s] = -beta[s] * (sv[s] + pi * fv[s]);
-      o[4 * W + s] = -beta[s] * (sw[s] + pi * fw[s]);
-      o[5 * W + s] = -beta[s] * (sb[s] + pi * fb[s]);
+      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {fb[s] * r, fv[s] * r, fw[s] * r},
+              {sb[s] + pi * fb[s], sv[s] + pi * fv[s], sw[s] + pi * fw[s]});
     }
-    const auto st = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
-    for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, w, W, 0, 1, o + k * W);
+    StoreReduced(tile, o);
   }
 
   // The partition method's sweeps on one tile of chunks (see Mode), by the unpivoted kinds or,
