@@ -88,7 +88,7 @@ PIVOTED_BACKWARD_ERROR = 256
 def separator_backward_error(l, d, u, b, x, *, chunk: int, transposed: bool) -> Array:
     """A bound on the normwise backward error of the chunked answer x of A x = b (A^T x = b
     when `transposed`) along axis 1 of (P|1, N|1, Q|1) operands, from its separator rows
-    alone: per system, (P|1, 1, Q|1); NaN where x is not finite there.
+    alone: per system, (P|1, 1, Q|1); NaN where x is not finite there or in row 0.
 
     Each chunk's interior is solved by Gaussian elimination with partial pivoting with its
     separators moved to the right-hand side, which is backward stable for those rows whatever
@@ -100,7 +100,11 @@ def separator_backward_error(l, d, u, b, x, *, chunk: int, transposed: bool) -> 
     error (Rigal and Gaches) wherever it exceeds the interiors' rounding. The norms are taken
     over the separator rows and their neighbours only, lower bounds of the true norms, so the
     bound errs on the side of solving again. It reads C rows per system instead of the N
-    that a full residual would (an XLA reduction over all rows cost 3x the chunked solve)."""
+    that a full residual would (an XLA reduction over all rows cost 3x the chunked solve).
+    What it cannot see: a value that overflows inside an interior's back substitution and
+    reaches neither row 0 nor a separator's neighbour (the substitution carries it towards the
+    chunk's first row, which is a separator's neighbour in every chunk but the first: row 0
+    is checked for that one)."""
     N = x.shape[1]
     starts = np.arange(0, N, chunk)
     seps = np.minimum(starts + chunk, N) - 1
@@ -121,8 +125,13 @@ def separator_backward_error(l, d, u, b, x, *, chunk: int, transposed: bool) -> 
     norm_a = per_system(jnp.abs(sub) + jnp.abs(dia) + jnp.abs(sup))
     norm_x = per_system(jnp.maximum(jnp.maximum(jnp.abs(x_before), jnp.abs(x_at)),
                                     jnp.abs(x_after)))
-    return jnp.where(worst == 0, jnp.zeros_like(worst),
-                     worst / (norm_a * norm_x + per_system(jnp.abs(rhs))))
+    # worst / max(||A|| ||x||, ||b||), at most twice worst / (||A|| ||x|| + ||b||), formed
+    # without the product: ||A|| ||x|| overflowing to inf would have passed any residual.
+    eta = jnp.minimum(worst / norm_a / norm_x, worst / per_system(jnp.abs(rhs)))
+    eta = jnp.where(worst == 0, jnp.zeros_like(eta), eta)
+    # Row 0 of the first chunk is no separator's neighbour: an overflow in that chunk's back
+    # substitution, which runs towards row 0 and reaches no separator, shows there.
+    return jnp.where(jnp.isfinite(lax.slice_in_dim(x, 0, 1, axis=1)), eta, jnp.nan)
 
 
 def solve_any(kernels, l, d, u, b, *, plan, transposed: bool, kind: str, out_dtype,

@@ -206,8 +206,9 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # their work rows (3 columns) at that width, but at least 112 rows: shorter ones cost
         # more in boundary work than their cache misses do ((10 000, 1 000) float32 and
         # float64: chunks of 48 rows 10-15% slower than 112).
-        width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=3).width  # the most chunks
-        target = 2 * cpu_cache_bytes() // (3 * width * itemsize)
+        work = 4 if kind == "pivoted" else 3  # work rows per lane (solve_plan)
+        width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=work).width  # the most chunks
+        target = 2 * cpu_cache_bytes() // (work * width * itemsize)
         target = int(np.clip(1 << int(np.log2(max(target, 1))), 128, 4096))
         # Off a power of two: chunks 2^k values apart would map to one set of the L1 cache.
         target -= 16
