@@ -153,10 +153,16 @@ def solve_any(kernels, l, d, u, b, *, plan, transposed: bool, kind: str, out_dty
         if kind == "pivoted" and whole is not None:
             eta = separator_backward_error(l, d, u, b, x, chunk=plan.chunk,
                                            transposed=transposed)
-            limit = PIVOTED_BACKWARD_ERROR * jnp.finfo(cdt).eps
-            x = lax.cond(jnp.all(eta <= limit), lambda: x,
-                         lambda: kernels.solve(l, d, u, b, transposed=transposed, out_dtype=cdt,
-                                               kind=kind, tiling=whole.tiling))
+            failed = ~jnp.all(eta <= PIVOTED_BACKWARD_ERROR * jnp.finfo(cdt).eps)
+
+            def sequential(state):
+                return jnp.asarray(False), kernels.solve(
+                    l, d, u, b, transposed=transposed, out_dtype=cdt, kind=kind,
+                    tiling=whole.tiling)
+
+            # A loop that runs at most once keeps x in its buffer; lax.cond copied it into the
+            # conditional's output (3-5 ms of a 30 ms solve of 10^7 float32 rows, 2-core Zen 4).
+            _, x = lax.while_loop(lambda state: state[0], sequential, (failed, x))
         return x.astype(out_dtype)
     return kernels.solve(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind,
                          tiling=plan.tiling)
