@@ -53,27 +53,25 @@ def _next_chunk(v: Array, periodic: bool) -> Array:
     return lax.concatenate([rest, last], 1)
 
 
-def solve(kernels, l, d, u, b, *, plan: _planner.Plan, transposed: bool, periodic: bool,
-          replan, pivoting: bool = False) -> Array:
-    """x of the (P|1, N|1, Q|1) systems, chunked by `plan.chunk` rows, in the compute dtype.
+def solve(kernels, l, d, u, b, *, plan: _planner.Plan, transposed: bool, kind: str,
+          replan) -> Array:
+    """x of the (P|1, N|1, Q|1) systems of `kind` ("thomas", "periodic" or "pivoted"), chunked
+    by `plan.chunk` rows, in the compute dtype; the reduced system is of the same kind.
 
     `kernels` holds the backend's `chunk_ends`, `chunk_solve` and `solve` (`_backend.py`);
-    `replan(P, C, Q)` plans the reduced system (its own chunking and tiles). `pivoting`: every
+    `replan(P, C, Q)` plans the reduced system (its own chunking and tiles). "pivoted": every
     chunk, and the reduced system, eliminated with partial pivoting (see `solve_any`)."""
-    m = plan.chunk
-    pivots = {"pivoting": True} if pivoting else {}
-    lower, diag1, rhs1, diag2, upper, rhs2 = kernels.chunk_ends(
-        l, d, u, b, transposed=transposed, periodic=periodic, chunk=m, tiling=plan.tiling,
-        **pivots)
+    periodic = kind == "periodic"
+    flags = dict(transposed=transposed, periodic=periodic, pivoting=kind == "pivoted",
+                 chunk=plan.chunk, tiling=plan.tiling)
+    lower, diag1, rhs1, diag2, upper, rhs2 = kernels.chunk_ends(l, d, u, b, **flags)
     diag = diag1 + _next_chunk(diag2, periodic)
     upper = _next_chunk(upper, periodic)
     rhs = rhs1 + _next_chunk(rhs2, periodic)
     P, C, Q = rhs.shape
-    kind = "pivoted" if pivoting else "periodic" if periodic else "thomas"
     separators = solve_any(kernels, lower, diag, upper, rhs, plan=replan(P, C, Q),
                            transposed=False, kind=kind, out_dtype=rhs.dtype, replan=replan)
-    return kernels.chunk_solve(l, d, u, b, separators, transposed=transposed, periodic=periodic,
-                               chunk=m, tiling=plan.tiling, **pivots)
+    return kernels.chunk_solve(l, d, u, b, separators, **flags)
 
 
 # The largest backward error, in units of the compute dtype's epsilon, that a chunked pivoted
@@ -148,8 +146,8 @@ def solve_any(kernels, l, d, u, b, *, plan, transposed: bool, kind: str, out_dty
     if plan.chunk:
         cdt = compute_dtype(out_dtype)
         l, d, u, b = (v.astype(cdt) for v in (l, d, u, b))
-        x = solve(kernels, l, d, u, b, plan=plan, transposed=transposed,
-                  periodic=kind == "periodic", replan=replan, pivoting=kind == "pivoted")
+        x = solve(kernels, l, d, u, b, plan=plan, transposed=transposed, kind=kind,
+                  replan=replan)
         if kind == "pivoted" and whole is not None:
             eta = separator_backward_error(l, d, u, b, x, chunk=plan.chunk,
                                            transposed=transposed)

@@ -206,7 +206,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # their work rows (3 columns) at that width, but at least 112 rows: shorter ones cost
         # more in boundary work than their cache misses do ((10 000, 1 000) float32 and
         # float64: chunks of 48 rows 10-15% slower than 112).
-        work = 4 if kind == "pivoted" else 3  # work rows per lane (solve_plan)
+        work = _chunk_work_rows(kind)
         width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=work).width  # the most chunks
         target = 2 * cpu_cache_bytes() // (work * width * itemsize)
         target = int(np.clip(1 << int(np.log2(max(target, 1))), 128, 4096))
@@ -370,6 +370,11 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
     return CpuTiling(lanes, min(width, share))
 
 
+def _chunk_work_rows(kind: str) -> int:
+    """Work rows per lane of the chunk sweeps: c', y', z' (pivoted: 1/pivot, U1, U2, y')."""
+    return 4 if kind == "pivoted" else 3
+
+
 def _chunk_tile_width(Q: int, itemsize: int) -> int:
     """Lanes of a chunk tile along Q: whole rows (one read stream per band per chunk) up to
     CHUNK_ROW_BYTES, longer rows in equal parts, whole cache lines. Reading part of each row is
@@ -385,10 +390,9 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
     m = solve_chunk(P, N, Q, dtype, kind=kind, backend=backend, platform=platform, chunk=chunk)
     C = -(-N // m) if m else 1
     rows = m or N
-    columns = {"thomas": 2, "factored": 1, "periodic": 3, "pivoted": 4}.get(kind, 2)
+    columns = _chunk_work_rows(kind) if m else {"thomas": 2, "factored": 1, "periodic": 3,
+                                                 "pivoted": 4}.get(kind, 2)
     scan = backend == "native" and scanned(N, Q, kind, dtype, chunk=m)
-    if m:  # the chunk sweeps' work rows: c', y', z' (pivoted: 1/pivot, U1, U2, y')
-        columns = 4 if kind == "pivoted" else 3
     return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=columns,
                            block=block, scan=scan))
 
