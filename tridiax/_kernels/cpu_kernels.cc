@@ -1107,7 +1107,9 @@ class Solver {
   // first ones are x[0] = sum_i pi_i y'[i] with pi = e_1^T U^{-1}, which U's rows give as they
   // are formed: pi_i = (delta_i0 - pi_{i-1} U1[i-1] - pi_{i-2} U2[i-2]) / pivot_i. With the
   // multipliers at most 1 in magnitude, |pi| is bounded by the chunk's ||T^{-1}||: the
-  // conditioning of the chunk, not the elimination, bounds it. `work`: 20 rows.
+  // conditioning of the chunk, not the elimination, bounds it. `work`: 20 rows. Each step's
+  // interchange is Pivoted's, written out again: one always-inline helper for both loops
+  // made the sequential pivoted solve of (100, 100 000) 15-20% slower (GCC 12, Zen 4).
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void PivotedEnds(const Tile& tile, Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha,
                    const T* beta, const T* omega, T* work) const {
