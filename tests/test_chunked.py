@@ -108,6 +108,34 @@ def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, perio
     assert rel_err(vjp(jnp.asarray(g))[0], want) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("periodic", [False, True], ids=["plain", "periodic"])
+@pytest.mark.parametrize("Q", [2, 4, 8])
+@pytest.mark.parametrize("bands_shape", ["per_system", "one_row", "shared_by_q"])
+def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic, dtype):
+    """(N, Q) along axis 0 with Q dividing a vector: the last sweep over chunks (chunk=97) and
+    the whole solve (chunk=0) scan all Q lanes of a chunk together, L/Q rows a vector
+    (cpu_kernels.cc, ScanGroups), with the bands per system, one row broadcast along N, or
+    shared by the Q systems (one value a row: swept row by row instead); against scipy, and
+    the transposed solve through the gradient. 1001 = 10 * 97 + 31: a short last chunk."""
+    shape = (1001, Q)
+    l, d, u, b = dominant_bands(shape, dtype)
+    if bands_shape == "one_row":
+        l, d, u = (v[:1] for v in (l, d, u))
+    elif bands_shape == "shared_by_q":
+        l, d, u = (v[:, :1] for v in (l, d, u))
+    full = [np.broadcast_to(v, shape) for v in (l, d, u)]
+    want = verify.reference_solve(*full, b, axis=0, periodic=periodic)
+    g = RNG.standard_normal(shape).astype(dtype)
+    want_t = verify.reference_solve(np.roll(full[2], 1, 0), full[1], np.roll(full[0], -1, 0), g,
+                                    axis=0, periodic=periodic)
+    for chunk in (97, 0):
+        x, vjp = jax.vjp(lambda b, c=chunk: solve(l, d, u, b, axis=0, periodic=periodic, chunk=c),
+                         b)
+        assert rel_err(x, want) < tolerance(dtype), chunk
+        assert rel_err(vjp(jnp.asarray(g))[0], want_t) < tolerance(dtype), chunk
+
+
 @pytest.mark.parametrize("kind", ["thomas", "periodic", "pivoted", "periodic_pivoted"])
 def test_every_kind_at_a_million_rows_matches_reference(kind):
     """One system of 10^6 rows through the planner (chunked where the kind allows it)."""
@@ -231,6 +259,14 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
     assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) == 0
     assert _planner.solve_chunk(2000, 5000, 1, np.complex64, **plan) > 0
+    # Rows of a few values, scanned a group of Q lanes at a time: one group whole while its
+    # five arrays fit in the last-level cache; rows the scan does not group (Q = 3) and the
+    # pivoted kind are chunked at that size.
+    fits = _planner.cpu_last_cache_bytes() // (5 * 4 * 4)
+    assert _planner.solve_chunk(1, fits, 4, np.float32, **plan) == 0
+    assert _planner.solve_chunk(1, 2 * fits, 4, np.float32, **plan) > 0
+    assert _planner.solve_chunk(1, fits, 3, np.float32, **plan) > 0
+    assert _planner.solve_chunk(1, fits, 4, np.float32, **{**plan, "kind": "pivoted"}) > 0
     # ... and their tiles give every core several shares of the work.
     width = _planner.cpu_tiling(64, 1, 1, 10**6, np.float32, scan=True).width
     assert -(-64 // width) >= min(64, 4 * _planner.cpu_cores())
@@ -287,6 +323,15 @@ def test_planner_chunks_few_long_systems_only():
     assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **rec) > 0
     assert _planner.recurrence_chunk(1, 1000, 100_000, np.float32, **rec) == 0
     assert _planner.recurrence_chunk(1, 10**7, 1, np.float32, **{**rec, "linear": False}) == 0
+    # One sequence (group of rows of a few lanes) scanned in registers: whole while its three
+    # arrays fit in the last-level cache, chunked past it; lanes the scan does not group
+    # (Q = 3) are chunked however little they are.
+    fits = _planner.cpu_last_cache_bytes() // (3 * 4 * 4)
+    assert _planner.recurrence_chunk(1, fits, 4, np.float32, **rec) == 0
+    assert _planner.recurrence_chunk(1, 2 * fits, 4, np.float32, **rec) > 0
+    assert _planner.recurrence_chunk(1, 4 * fits, 1, np.float32, **rec) == 0
+    assert _planner.recurrence_chunk(1, fits, 3, np.float32, **rec) > 0
+    assert _planner.recurrence_chunk(2, fits, 4, np.float32, **rec) > 0
 
 
 def test_planner_scans_only_where_the_built_kernel_can(monkeypatch):
@@ -434,8 +479,11 @@ def test_packed_ragged_systems_solve_as_one_long_system():
         assert rel_err(solve(l, d, u, b, chunk=chunk), x) < 1e-12
 
 
-def test_packed_sequences_run_as_one_long_recurrence():
-    """Sequences concatenated along time with a = 0 at each start restart from zero there."""
+def test_packed_sequences_run_as_one_long_recurrence(monkeypatch):
+    """Sequences concatenated along time with a = 0 at each start restart from zero there.
+    (These 6 MB would run whole, in one pass, from the last-level cache: the planner is told of
+    a small one, so that they take the chunked path.)"""
+    monkeypatch.setattr(_planner, "cpu_last_cache_bytes", lambda: 1 << 16)
     n = sum(LENGTHS)
     starts = np.cumsum([0] + LENGTHS[:-1])
     a = RNG.uniform(0.9, 1.0, (n, 2))

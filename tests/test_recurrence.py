@@ -268,60 +268,51 @@ def test_errors():
 
 
 def kernel_loop(a, x, h0, *, reverse, shifted, gate, chunk):
-    """h of (P, T, 1) operands by the C++ kernel's definition, chunk by chunk (h0: (P, C, 1)),
-    and each chunk's (product of coefficients, final state) from a zero state."""
-    P, T, _ = x.shape
+    """h of (P, T, Q) operands by the C++ kernel's definition, chunk by chunk (h0: (P, C, Q)),
+    and each chunk's (product of coefficients, final state) from a zero state; every lane of
+    a step at once."""
+    P, T, Q = x.shape
     m = chunk or T
+    C = -(-T // m)
     h = np.zeros(x.shape)
-    decay, final = np.ones((P, -(-T // m), 1)), np.zeros((P, -(-T // m), 1))
+    decay, final = np.ones((P, C, Q)), np.zeros((P, C, Q))
     for p in range(P):
-        for c in range(-(-T // m)):
+        for c in range(C):
             steps = range(c * m, min(T, (c + 1) * m))
-            state, zero_state = h0[p, c, 0], 0.0
+            state, zero_state = h0[p, c].copy(), np.zeros(Q)
             for t in (reversed(steps) if reverse else steps):
                 s = (t + 1 if reverse else t - 1) if shifted else t
-                coef = a[p, s, 0] if 0 <= s < T else 0.0
-                value = x[p, t, 0]
+                coef = a[p, s] if 0 <= s < T else np.zeros(Q)
+                value = x[p, t]
                 if gate is not None:
-                    g = gate[0][p, t, 0]
-                    slope = float(g > 0) if gate[1] == "relu" else 1 - g * g
+                    g = gate[0][p, t]
+                    slope = (g > 0).astype(float) if gate[1] == "relu" else 1 - g * g
                     coef, value = coef * slope, value * slope
                 state = coef * state + value
                 zero_state = coef * zero_state + value
-                decay[p, c, 0] *= coef
-                h[p, t, 0] = state
-            final[p, c, 0] = zero_state
+                decay[p, c] *= coef
+                h[p, t] = state
+            final[p, c] = zero_state
     return h, decay, final
 
 
-@pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("T,chunk", [(1, 0), (15, 0), (16, 0), (17, 0), (33, 0), (300, 0),
-                                     (300, 37), (301, 64), (300, 300)])
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("shifted", [False, True], ids=["plain", "shifted"])
-@pytest.mark.parametrize("gate", [None, "relu", "tanh"])
-@pytest.mark.parametrize("a_rows", ["per_step", "shared_by_lanes", "one_per_lane"])
-def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate, a_rows):
+def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tilings, seed):
+    """The kernel's runs (and chunk ends) of (P, T, Q) operands, `a` of `a_shape` broadcast,
+    in each tiling, against kernel_loop."""
     from tridiax._kernels import _native
-    from tridiax._planner import CpuTiling
 
-    rng = np.random.default_rng(T + chunk)
-    P = 3
-    a_shape = {"per_step": (P, T, 1), "shared_by_lanes": (1, T, 1), "one_per_lane": (P, 1, 1)}
-    a = np.broadcast_to(rng.uniform(0.5, 1.0, a_shape[a_rows]), (P, T, 1))
-    x = rng.standard_normal((P, T, 1))
-    C = -(-T // (chunk or T))
-    h0 = rng.standard_normal((P, C, 1))
-    states = None if gate is None else (rng.uniform(-0.9, 0.9, (P, T, 1)), gate)
+    rng = np.random.default_rng(seed)
+    P, T, Q = shape
+    a = np.broadcast_to(rng.uniform(0.5, 1.0, a_shape), shape)
+    x = rng.standard_normal(shape)
+    h0 = rng.standard_normal((P, -(-T // (chunk or T)), Q))
+    states = None if gate is None else (rng.uniform(-0.9, 0.9, shape), gate)
     want, want_decay, want_final = kernel_loop(a, x, h0, reverse=reverse, shifted=shifted,
                                                gate=states, chunk=chunk)
     cast = lambda v: jnp.asarray(v, dtype)  # noqa: E731
     kernel_gate = None if gate is None else (cast(states[0]), getattr(jax.nn, gate, jnp.tanh))
-    a_in = cast(np.asarray(a)[:a_shape[a_rows][0], :a_shape[a_rows][1]])
-    for tiling in (CpuTiling("p", 32), CpuTiling("c", 32)):
-        if tiling.lanes == "c" and not chunk:
-            continue
+    a_in = cast(np.asarray(a)[tuple(slice(n) for n in a_shape)])
+    for tiling in tilings:
         got = _native.recurrence_pnq(a_in, cast(x), cast(h0), reverse=reverse, shifted=shifted,
                                      activation=None, final_only=False, out_dtype=dtype,
                                      tiling=tiling, chunk=chunk, gate=kernel_gate)
@@ -337,3 +328,43 @@ def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate
                                            shifted=shifted, activation=None, final_only=True,
                                            out_dtype=dtype, tiling=tiling, gate=kernel_gate)
             assert_close(final[:, 0], want[:, 0 if reverse else -1], dtype)
+
+
+@pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("T,chunk", [(1, 0), (15, 0), (16, 0), (17, 0), (33, 0), (300, 0),
+                                     (300, 37), (301, 64), (300, 300)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shifted", [False, True], ids=["plain", "shifted"])
+@pytest.mark.parametrize("gate", [None, "relu", "tanh"])
+@pytest.mark.parametrize("a_rows", ["per_step", "shared_by_lanes", "one_per_lane"])
+def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate, a_rows):
+    from tridiax._planner import CpuTiling
+
+    P = 3
+    a_shape = {"per_step": (P, T, 1), "shared_by_lanes": (1, T, 1), "one_per_lane": (P, 1, 1)}
+    tilings = [CpuTiling("p", 32)] + ([CpuTiling("c", 32)] if chunk else [])
+    check_native_scan(dtype, (P, T, 1), a_shape[a_rows], chunk, reverse, shifted, gate, tilings,
+                      seed=T + chunk)
+
+
+# Rows of Q = 2, 4, 8 values along axis 0 (an (N, 4) field): the kernel scans all Q lanes of a
+# tile together, Q values a step (ScanLanes), where every operand is such rows or one row
+# broadcast; `a` shared by the lanes (one value a step) takes the row-by-row loop. Lengths
+# below, at and past one vector of steps, and chunks with a short last one.
+@pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("Q", [2, 4, 8])
+@pytest.mark.parametrize("T,chunk", [(3, 0), (9, 0), (300, 37), (301, 64)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("gate", [None, "tanh"])
+@pytest.mark.parametrize("a_rows", ["per_step", "one_row", "shared_by_q", "one_value"])
+def test_native_scan_of_rows_of_a_few_lanes(dtype, Q, T, chunk, reverse, gate, a_rows):
+    from tridiax._planner import CpuTiling
+
+    P = 2
+    a_shape = {"per_step": (P, T, Q), "one_row": (P, 1, Q), "shared_by_q": (P, T, 1),
+               "one_value": (1, 1, 1)}
+    for shifted in (False, True):
+        check_native_scan(dtype, (P, T, Q), a_shape[a_rows], chunk, reverse, shifted, gate,
+                          [CpuTiling("q", Q)], seed=T + chunk + Q)
