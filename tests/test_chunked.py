@@ -116,9 +116,9 @@ def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic
     """(P, N, Q) along axis 1 with Q dividing a vector: the last sweep over chunks (chunk=97)
     and the whole solve (chunk=0) scan all Q lanes of a chunk together, L/Q rows a vector
     (cpu_kernels.cc, ScanGroups), with the bands per system, one row broadcast along N, one
-    value, or shared by the Q systems (one value a row: swept row by row instead); against
-    scipy, and the transposed solve through the gradient. 1001 = 10 * 97 + 31: a short last
-    chunk; P = 2: tiles of each p's chunks."""
+    value, or shared by the Q systems (one value a row: one matrix, Q right-hand sides);
+    against scipy, and the transposed solve through the gradient. 1001 = 10 * 97 + 31: a short
+    last chunk; P = 2: tiles of each p's chunks."""
     shape = (2, 1001, Q)
     l, d, u, b = dominant_bands(shape, dtype)
     if bands_shape == "one_row":
@@ -249,7 +249,9 @@ def test_tiles_of_every_lane_of_a_few_chunks_match_reference(monkeypatch, bands,
     jax.clear_caches()
 
 
-def test_planner_chunks_few_long_systems_only():
+def test_planner_chunks_few_long_systems_only(monkeypatch):
+    # A 32 MiB last-level cache, whatever this machine's (a few rules below depend on it).
+    monkeypatch.setattr(_planner, "cpu_last_cache_bytes", lambda: 32 << 20)
     plan = dict(kind="thomas", backend="native", platform="cpu")
     # One long system, a few long ones: chunked; many short ones: whole systems.
     assert _planner.solve_chunk(1, 1_000_000, 1, np.float32, **plan) > 0

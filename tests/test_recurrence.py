@@ -349,9 +349,9 @@ def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate
 
 
 # Rows of Q = 2, 4, 8 values along axis 0 (an (N, 4) field): the kernel scans all Q lanes of a
-# tile together, Q values a step (ScanLanes), where every operand is such rows or one row
-# broadcast; `a` shared by the lanes (one value a step) takes the row-by-row loop. Lengths
-# below, at and past one vector of steps, and chunks with a short last one.
+# tile together, Q values a step (ScanLanes), every operand such rows, one row broadcast, one
+# value, or `a` shared by the lanes (one value a step, spread over them). Lengths below, at and
+# past one vector of steps, and chunks with a short last one.
 @pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("Q", [2, 4, 8])

@@ -9,7 +9,7 @@ import pytest
 from helpers import RTOL, assert_close, backends, dense_numpy, random_bands
 
 import tridiax
-from tridiax import verify
+from tridiax import _planner, verify
 from tridiax._solve import solve
 
 SHAPES_AXES = [
@@ -235,7 +235,7 @@ def _program_sizes(n, **settings):
                   sum(map(len, long_strings.findall(t)))) for t in texts)
 
 
-def test_compile_time_flat_in_n():
+def test_compile_time_flat_in_n(monkeypatch):
     # Nothing is unrolled over N: whole systems lower to the same program for every N, up to
     # numbers. Chunked ones add a level of chunking as N grows (a few, on GPU: the reduced
     # system is chunked again while it is long), so 10x the rows may add a level, never the
@@ -244,8 +244,10 @@ def test_compile_time_flat_in_n():
     assert len({tuple(text for text, _ in p) for p in programs}) == 1, programs
     for kernels in zip(*((k for _, k in p) for p in programs)):  # per program, across n
         assert max(kernels) <= 1.1 * min(kernels), programs
-    # Chunked by the planner (the first past the last-level cache, where (n, 4) runs whole).
-    programs = [_program_sizes(n) for n in (500_000, 5_000_000, 50_000_000)]
+    # Chunked by the planner (told of a small last-level cache, in which (n, 4) would run
+    # whole: `solve_chunk`).
+    monkeypatch.setattr(_planner, "cpu_last_cache_bytes", lambda: 1 << 16)
+    programs = [_program_sizes(n) for n in (50_000, 500_000, 5_000_000)]
     for smaller, larger in zip(programs, programs[1:]):
         for (text, kernels), (text10, kernels10) in zip(smaller, larger):
             assert text10 <= 2.5 * text and kernels10 <= 2.5 * max(kernels, 1), programs

@@ -276,7 +276,7 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         if lanes * T < MIN_CHUNKED_WORK:
             return 0
         # One sequence of contiguous steps, or one group of rows of a few lanes, is scanned
-        # inside vector registers (`scanned_recurrence`): one pass on one core beats the
+        # inside vector registers (`scanned_lanes`): one pass on one core beats the
         # chunks' two passes on every core while its three arrays fit in the last-level cache.
         # (T, Q) float32 along axis 0, ms, chunked -> whole (2-core Zen 4, 32 MiB L3): (10^6,
         # 2) 0.53 -> 0.29, (3*10^5, 8) 0.47 -> 0.38, (10^5, 4) 0.20 -> 0.06, but (10^6, 4) 0.79

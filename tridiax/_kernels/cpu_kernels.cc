@@ -537,14 +537,33 @@ struct ScanVector {
   static V Repeat(V v, std::index_sequence<I...>) {
     return __builtin_shufflevector(v, v, (First + static_cast<int>(I) % G)...);
   }
-  // Steps of G lanes, G values a step (step == G) or one step repeated (step == 0), lanes
-  // `lane` values apart (1, or 0 where they share a value).
+  // L/G steps of G lanes from p, `step` values a step and `lane` values a lane: contiguous
+  // rows of G values (step G, lane 1), one row repeated (step 0; lane 1, or 0 for one value),
+  // or one value a step shared by the lanes (step 1, lane 0). G = 1: `step` 1 or 0.
   template <int G>
   static V LoadSteps(const T* p, int64_t step, int64_t lane) {
-    if (G == 1 || step != 0) return Load(p, step);
-    V v;
-    for (int i = 0; i < L; ++i) v[i] = p[(i % G) * lane];
-    return v;
+    if (G == 1 || (step != 0 && lane != 0)) return Load(p, G == 1 ? step : 1);
+    if (step == 0) {
+      V v;
+      for (int i = 0; i < L; ++i) v[i] = p[(i % G) * lane];
+      return v;
+    }
+    return Spread<G>(p, std::make_index_sequence<L>{});
+  }
+  // Lane i takes p[i / G]: L/G values, each repeated G times. One masked load of those values
+  // (no read past them), then one permute: a narrower load widened through memory (memcpy into
+  // a vector) stalled store forwarding, and the scan ran 2.6x slower.
+  template <int G, size_t... I>
+  static V Spread(const T* p, std::index_sequence<I...>) {
+    constexpr int words = (L / G) * static_cast<int>(sizeof(T)) / 4;
+#if defined(__AVX512F__)
+    const V part = (V)_mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << words) - 1), p);
+#else
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(words),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const V part = (V)_mm256_maskload_epi32(reinterpret_cast<const int*>(p), mask);
+#endif
+    return __builtin_shufflevector(part, part, (static_cast<int>(I) / G)...);
   }
   // The log-step scan of (c, x) over the vector's lanes, towards lane L-1 (Up) or lane 0.
   template <bool Up, int K = 1>
@@ -620,9 +639,8 @@ inline __attribute__((always_inline)) void ScanRows(T* h, int64_t n, Terms terms
 // Vectors of L values of n >= L contiguous ones (rows of G lanes), from row 0: a last partial
 // vector is taken as values [n-L, n), and enter(i0) restarts the caller's carries from the row
 // before value i0 there (rows before that are done again, to the same values). body(i0, l, u)
-// gets the vector's sub and sup (value i of sub at sub[i*ss], ss = 1, or ss = 0 for one row
-// repeated whose lanes are sq apart; sup likewise), with sub of row 0 and sup of the last row
-// zero: not read.
+// gets the vector's sub and sup (row r, lane q of sub at sub[r*ss + q*sq], as LoadSteps reads
+// them; sup likewise), with sub of row 0 and sup of the last row zero: not read.
 template <typename T, int G = 1, typename Enter, typename Body>
 inline __attribute__((always_inline)) void RowVectors(const T* sub, int64_t ss, const T* sup,
                                                       int64_t su, int64_t n, Enter enter,
@@ -631,6 +649,7 @@ inline __attribute__((always_inline)) void RowVectors(const T* sub, int64_t ss, 
   using S = ScanVector<T>;
   using V = typename S::V;
   constexpr int L = S::L;
+  using Lanes = std::make_index_sequence<L>;
   const V zero = S::Splat(T(0));
   V first = zero, last = zero;  // all-ones in the first (last) row's G lanes
   for (int q = 0; q < G; ++q) {
@@ -642,10 +661,24 @@ inline __attribute__((always_inline)) void RowVectors(const T* sub, int64_t ss, 
       i0 = n - L;
       enter(i0);
     }
-    V l = S::template LoadSteps<G>(sub + i0 * ss, ss, sq);
-    V u = S::template LoadSteps<G>(sup + i0 * su, su, uq);
-    if (i0 == 0) l = first != zero ? zero : l;
-    if (i0 + L == n) u = last != zero ? zero : u;
+    // sub of row 0 and sup of the last row are not read: a transposed solve's sub and sup
+    // point a row before `upper` and a row after `lower`. There the vector is read a row
+    // further in and shifted back, the row outside filled with zero.
+    const int64_t r = i0 / G;
+    V l, u;
+    if (i0 == 0 && ss != 0) {
+      l = S::template Shift<G, true>(S::template LoadSteps<G>(sub + ss, ss, sq), zero, Lanes{});
+    } else {
+      l = S::template LoadSteps<G>(sub + r * ss, ss, sq);
+      if (i0 == 0) l = first != zero ? zero : l;
+    }
+    if (i0 + L == n && su != 0) {
+      u = S::template Shift<G, false>(S::template LoadSteps<G>(sup + (r - 1) * su, su, uq), zero,
+                                      Lanes{});
+    } else {
+      u = S::template LoadSteps<G>(sup + r * su, su, uq);
+      if (i0 + L == n) u = last != zero ? zero : u;
+    }
     body(i0, l, u);
   }
 }
@@ -678,7 +711,8 @@ inline __attribute__((always_inline)) void ScanPivots(typename ScanVector<T>::V 
 
 // Thomas on one contiguous lane of n rows, or on G lanes of rows of G values (n: values):
 // sub(i) = sub[i*ss] for i >= 1, sup(i) = sup[i*su] for i <= n-2, d and b likewise (strides 0
-// or 1; with G lanes, a band of stride 0 is one row whose lanes are `lanes` apart); x written;
+// or 1); with G lanes, row r, lane q of sub at sub[r*ss + q*lanes.sub] (ss = G, 0, or 1 where
+// the lanes share a value: LoadSteps), the others likewise; x written;
 // cp, yp: scratch of n values rounded up to whole vectors. Each vector of values: c' and
 // 1/pivot by ScanPivots, y'_i = (b_i - l_i y'_{i-1}) / pivot_i (a linear scan), then
 // x_i = y'_i - c'_i x_{i+1} (a reverse linear scan). Same eliminations
@@ -705,8 +739,8 @@ void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
     y_in = S::template LoadSteps<G>(yp + i0 - G, 0, 1);
   };
   const auto body = [&](int64_t i0, V l, V u) {
-    const V d = S::template LoadSteps<G>(dia + i0 * sd, sd, lanes.dia);
-    V b = S::template LoadSteps<G>(rhs + i0 * sr, sr, lanes.rhs);
+    const V d = S::template LoadSteps<G>(dia + i0 / G * sd, sd, lanes.dia);
+    V b = S::template LoadSteps<G>(rhs + i0 / G * sr, sr, lanes.rhs);
     if (ends != nullptr) {
       for (int q = 0; q < G; ++q) {
         if (i0 == 0) b[q] = ends[q];
@@ -745,14 +779,25 @@ void ScanFactoredLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const 
   V first = zero, last = zero;  // all-ones in lane 0 (L-1): sub(0) and sup(n-1) are not read
   first[0] = T(1);
   last[L - 1] = T(1);
+  using Lanes = std::make_index_sequence<L>;
+  // sub(0) and sup(n-1) are not read (a transposed solve's sub and sup point a row before
+  // `upper` and a row after `lower`): the vector is read a row further in and shifted back.
   ScanRows<T, true>(yp, n, [&](int64_t i0, V& coef, V& y) {
-    coef = -S::Load(sub + i0 * ss, ss);
-    if (i0 == 0) coef = first != zero ? zero : coef;
+    if (i0 == 0 && ss != 0) {
+      coef = -S::template Shift<1, true>(S::Load(sub + 1, 1), zero, Lanes{});
+    } else {
+      coef = -S::Load(sub + i0 * ss, ss);
+      if (i0 == 0) coef = first != zero ? zero : coef;
+    }
     y = S::Load(rhs + i0 * sr, sr);
   });
   ScanRows<T, false>(x, n, [&](int64_t i0, V& coef, V& v) {
-    coef = -S::Load(sup + i0 * su, su);
-    if (i0 + L == n) coef = last != zero ? zero : coef;
+    if (i0 + L == n && su != 0) {
+      coef = -S::template Shift<1, false>(S::Load(sup + i0 - 1, 1), zero, Lanes{});
+    } else {
+      coef = -S::Load(sup + i0 * su, su);
+      if (i0 + L == n) coef = last != zero ? zero : coef;
+    }
     v = S::Load(dia + i0 * sd, sd) * S::Load(yp + i0, 1);
   });
 }
@@ -860,18 +905,16 @@ class Solver {
   }
 
   // The lanes a scan takes together: 1 for contiguous lanes (Q == 1); Q for rows of a few
-  // values (Q dividing a vector) whose bands are such rows or one row broadcast along N, the
-  // values of a tile's group of Q lanes scanned as L/Q rows a vector (an (N, 4) float32 field
-  // along axis 0: 4 rows of 4 lanes); 0 where lanes are not scanned.
+  // values (Q dividing a vector), the values of a tile's group of Q lanes scanned as L/Q rows
+  // a vector (an (N, 4) float32 field along axis 0: 4 rows of 4 lanes), each band such rows,
+  // one row broadcast along N, or one value a row shared by the Q systems (LoadSteps); 0
+  // where lanes are not scanned.
   int64_t Group() const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
       constexpr int64_t L = ScanVector<T>::L;
       if (g_.Q == 1) return 1;
       if (g_.Q >= L || L % g_.Q != 0 || kind_ != kThomas) return 0;
-      for (const Operand& op : ops_) {
-        if (op.sn != 0 && op.sq != 1) return 0;  // shared along Q, not along N
-      }
       return g_.Q;
     }
 #endif
@@ -1044,8 +1087,6 @@ class Solver {
     for (int k = 0; k < 4; ++k) st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
     const auto at = [&](int k, int64_t s) { return Data(k) + st[k].At(s); };
     const int64_t sl = ops_[0].sn, sd = ops_[1].sn, su = ops_[2].sn, sr = ops_[3].sn;
-    // Steps of the scan: 1 a value, or 0 where a band is one row repeated (lanes sq apart).
-    const auto step = [](int64_t sn) { return G == 1 ? sn : sn != 0 ? 1 : 0; };
     LaneStrides lanes;
     if constexpr (G > 1) {
       lanes = {transposed_ ? ops_[2].sq : ops_[0].sq, ops_[1].sq,
@@ -1082,9 +1123,9 @@ class Solver {
           continue;
         }
       }
-      ScanThomasLane<T, G>(sub, step(transposed_ ? su : sl), at(1, s), step(sd), sup,
-                           step(transposed_ ? sl : su), at(3, s), step(sr), x, n * G, scratch,
-                           scratch + rows, chunks ? ends : nullptr, lanes);
+      ScanThomasLane<T, G>(sub, transposed_ ? su : sl, at(1, s), sd, sup, transposed_ ? sl : su,
+                           at(3, s), sr, x, n * G, scratch, scratch + rows,
+                           chunks ? ends : nullptr, lanes);
     }
   }
 #endif
@@ -1765,7 +1806,8 @@ class BandCotangents {
 // lanes are next to each other (an (N, G) block along axis 0; G = 1: one contiguous lane), L/G
 // steps of all G lanes a vector: the log-step scan over lanes G, 2G, 4G, ... apart, then the
 // states carried in from the step before. a, x, g: lane 0 of step 0, with step strides sa, sx,
-// sg (G, or 0 where one step is broadcast) and lane strides qa, qx, qg (1, or 0); out: G values
+// sg and lane strides qa, qx, qg as LoadSteps reads them (G and 1; 0 and 1 or 0 where one step
+// is broadcast; 1 and 0 where the lanes share a value a step); out: G values
 // a step (nullptr: none). h: the G states entering in scan order, then the final ones; `edge`:
 // the G coefficients of the first step in scan order when `shifted`; decay, if given: the
 // products of each lane's coefficients. Swept a row of 4 lanes at a time, a (10^6, 4) float32
@@ -2046,19 +2088,13 @@ class Recurrence {
     if (ends || final_only_) StoreFinal(tile, h, decay);
   }
 
-  // Whether the tile is all Q (< a vector, dividing it) lanes of rows of Q values, every
-  // operand either such rows or one row broadcast along the steps: ScanLanes with G = Q.
+  // Whether the tile is all Q (< a vector, dividing it) lanes of rows of Q values: ScanLanes
+  // with G = Q (each operand such rows, one row broadcast along the steps, or one value a step
+  // shared by the lanes: LoadSteps).
   bool Grouped(const Tile& tile) const {
     constexpr int64_t L = ScanVector<T>::L;
     if (g_.Q < 2 || g_.Q >= L || L % g_.Q != 0) return false;
-    if (tile.lanes != kLanesQ || tile.q != 0 || tile.w != g_.Q || tile.len < L / g_.Q) {
-      return false;
-    }
-    for (int k : {0, 1, 3}) {
-      if (k == 3 && gate_ == kIdentity) continue;
-      if (ops_[k].sn != 0 && ops_[k].sq != 1) return false;  // shared along Q, not along N
-    }
-    return true;
+    return tile.lanes == kLanesQ && tile.q == 0 && tile.w == g_.Q && tile.len >= L / g_.Q;
   }
 
   template <int Gate>
