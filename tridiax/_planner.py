@@ -171,18 +171,25 @@ def valid_chunk(n: int, chunk: int, *, periodic: bool = False) -> int:
     return 0
 
 
+def _scan_rows(dtype) -> int:
+    """Values of the compute dtype the native kernel scans per vector register (16 float32
+    with AVX-512); 0 for complex dtypes, or where the built kernel has no scans."""
+    cdt = jnp.dtype(compute_dtype(dtype))
+    if jnp.issubdtype(cdt, jnp.complexfloating):
+        return 0
+    from ._kernels import _native  # the kernel says what it was built with (AVX2, compiler)
+
+    return _native.scan_rows(cdt.itemsize)
+
+
 def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0) -> bool:
     """Whether the native kernel scans each system's rows inside vector registers, one system
     at a time (cpu_kernels.cc, ScanThomasLane and ScanFactoredLane): plain and factored solves
     of whole real systems of at least two vectors of rows, contiguous (Q == 1), where the
     built kernel has the scans."""
-    cdt = jnp.dtype(compute_dtype(dtype))
-    if (Q != 1 or kind not in ("thomas", "factored") or chunk
-            or jnp.issubdtype(cdt, jnp.complexfloating)):
+    if Q != 1 or kind not in ("thomas", "factored") or chunk:
         return False
-    from ._kernels import _native  # the kernel says what it was built with (AVX2, compiler)
-
-    rows = _native.scan_rows(cdt.itemsize)
+    rows = _scan_rows(dtype)
     return rows > 0 and N >= 2 * rows
 
 
@@ -191,12 +198,7 @@ def scanned_lanes(Q: int, dtype) -> bool:
     recurrences: cpu_kernels.cc, ScanLanes; Thomas solves: ScanGroups): real lanes whose rows
     are contiguous (Q == 1), or rows of Q values, Q dividing a vector, all Q lanes of a tile
     together (`cpu_tiling` gives such tiles where there are few systems)."""
-    cdt = jnp.dtype(compute_dtype(dtype))
-    if jnp.issubdtype(cdt, jnp.complexfloating):
-        return False
-    from ._kernels import _native
-
-    rows = _native.scan_rows(cdt.itemsize)
+    rows = _scan_rows(dtype)
     return rows > 0 and (Q == 1 or (Q < rows and rows % Q == 0))
 
 
@@ -228,7 +230,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         if backend == "native" and scanned(N, Q, kind, dtype) and P >= cpu_cores():
             return 0
         # Rows of a few values (an (N, 4) float32 field along axis 0) are scanned a chunk's Q
-        # lanes at a time: one system of them whole, on one core, while the five arrays it
+        # lanes at a time: one group of Q systems whole, on one core, while the five arrays it
         # moves fit in the last-level cache. Side by side, ms, chunked -> whole (2-core Zen 4,
         # 32 MiB L3): float32 (10^5, 4) 0.54 -> 0.33, (10^5, 8) 0.89 -> 0.51, float64 (10^5,
         # 4) 0.94 -> 0.48; past it chunks win: float32 (10^6, 4) 4.9 -> 5.6, float64 (3*10^5,

@@ -607,6 +607,27 @@ struct ScanVector {
   }
 };
 
+// Whether rows of q lanes share the scans' vectors (ScanLanes, ScanThomasLane): q divides the
+// vector's L lanes, 1 < q < L.
+template <typename T>
+constexpr bool Groupable(int64_t q) {
+  constexpr int64_t L = ScanVector<T>::L;
+  return q > 1 && q < L && L % q == 0;
+}
+
+// f(std::integral_constant<int, q>{}) for a Groupable q (the scans are built for 2, 4 and 8);
+// false, f not called, for any other q.
+template <typename T, typename F>
+bool WithGroup(int64_t q, F&& f) {
+  constexpr int L = ScanVector<T>::L;
+  switch (q) {
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 4: if constexpr (L > 4) { f(std::integral_constant<int, 4>{}); return true; } break;
+    case 8: if constexpr (L > 8) { f(std::integral_constant<int, 8>{}); return true; } break;
+  }
+  return false;
+}
+
 // h_i = coef_i h_{i-1} + v_i over n >= 2L contiguous values of h, from h = 0 before row 0
 // (Up), or h_i = coef_i h_{i+1} + v_i from h = 0 after the last row, a vector of L values at a
 // time from that end. G lanes: rows of G values (G dividing L), each lane its own recurrence;
@@ -636,6 +657,19 @@ inline __attribute__((always_inline)) void ScanRows(T* h, int64_t n, Terms terms
   }
 }
 
+// The band vector of rows [r, r + L/G) (strides as LoadSteps reads them) with the G lanes of
+// its first row (Up) or of its last row zero: read a row further in and shifted back, so that
+// the row left out is never read (a transposed solve's sub and sup point a row before `upper`
+// and a row after `lower`).
+template <typename T, int G, bool Up>
+inline __attribute__((always_inline)) typename ScanVector<T>::V EdgeRows(const T* p, int64_t r,
+                                                                         int64_t step,
+                                                                         int64_t lane) {
+  using S = ScanVector<T>;
+  const auto v = S::template LoadSteps<G>(p + (Up ? r + 1 : r - 1) * step, step, lane);
+  return S::template Shift<G, Up>(v, S::Splat(T(0)), std::make_index_sequence<S::L>{});
+}
+
 // Vectors of L values of n >= L contiguous ones (rows of G lanes), from row 0: a last partial
 // vector is taken as values [n-L, n), and enter(i0) restarts the caller's carries from the row
 // before value i0 there (rows before that are done again, to the same values). body(i0, l, u)
@@ -649,36 +683,16 @@ inline __attribute__((always_inline)) void RowVectors(const T* sub, int64_t ss, 
   using S = ScanVector<T>;
   using V = typename S::V;
   constexpr int L = S::L;
-  using Lanes = std::make_index_sequence<L>;
-  const V zero = S::Splat(T(0));
-  V first = zero, last = zero;  // all-ones in the first (last) row's G lanes
-  for (int q = 0; q < G; ++q) {
-    first[q] = T(1);
-    last[L - G + q] = T(1);
-  }
   for (int64_t i0 = 0; i0 < n; i0 += L) {
     if (i0 + L > n) {
       i0 = n - L;
       enter(i0);
     }
-    // sub of row 0 and sup of the last row are not read: a transposed solve's sub and sup
-    // point a row before `upper` and a row after `lower`. There the vector is read a row
-    // further in and shifted back, the row outside filled with zero.
     const int64_t r = i0 / G;
-    V l, u;
-    if (i0 == 0 && ss != 0) {
-      l = S::template Shift<G, true>(S::template LoadSteps<G>(sub + ss, ss, sq), zero, Lanes{});
-    } else {
-      l = S::template LoadSteps<G>(sub + r * ss, ss, sq);
-      if (i0 == 0) l = first != zero ? zero : l;
-    }
-    if (i0 + L == n && su != 0) {
-      u = S::template Shift<G, false>(S::template LoadSteps<G>(sup + (r - 1) * su, su, uq), zero,
-                                      Lanes{});
-    } else {
-      u = S::template LoadSteps<G>(sup + r * su, su, uq);
-      if (i0 + L == n) u = last != zero ? zero : u;
-    }
+    const V l = i0 == 0 ? EdgeRows<T, G, true>(sub, r, ss, sq)
+                        : S::template LoadSteps<G>(sub + r * ss, ss, sq);
+    const V u = i0 + L == n ? EdgeRows<T, G, false>(sup, r, su, uq)
+                            : S::template LoadSteps<G>(sup + r * su, su, uq);
     body(i0, l, u);
   }
 }
@@ -775,29 +789,13 @@ void ScanFactoredLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const 
   using S = ScanVector<T>;
   using V = typename S::V;
   constexpr int L = S::L;
-  const V zero = S::Splat(T(0));
-  V first = zero, last = zero;  // all-ones in lane 0 (L-1): sub(0) and sup(n-1) are not read
-  first[0] = T(1);
-  last[L - 1] = T(1);
-  using Lanes = std::make_index_sequence<L>;
-  // sub(0) and sup(n-1) are not read (a transposed solve's sub and sup point a row before
-  // `upper` and a row after `lower`): the vector is read a row further in and shifted back.
+  // sub(0) and sup(n-1) are not read (EdgeRows).
   ScanRows<T, true>(yp, n, [&](int64_t i0, V& coef, V& y) {
-    if (i0 == 0 && ss != 0) {
-      coef = -S::template Shift<1, true>(S::Load(sub + 1, 1), zero, Lanes{});
-    } else {
-      coef = -S::Load(sub + i0 * ss, ss);
-      if (i0 == 0) coef = first != zero ? zero : coef;
-    }
+    coef = -(i0 == 0 ? EdgeRows<T, 1, true>(sub, i0, ss, 0) : S::Load(sub + i0 * ss, ss));
     y = S::Load(rhs + i0 * sr, sr);
   });
   ScanRows<T, false>(x, n, [&](int64_t i0, V& coef, V& v) {
-    if (i0 + L == n && su != 0) {
-      coef = -S::template Shift<1, false>(S::Load(sup + i0 - 1, 1), zero, Lanes{});
-    } else {
-      coef = -S::Load(sup + i0 * su, su);
-      if (i0 + L == n) coef = last != zero ? zero : coef;
-    }
+    coef = -(i0 + L == n ? EdgeRows<T, 1, false>(sup, i0, su, 0) : S::Load(sup + i0 * su, su));
     v = S::Load(dia + i0 * sd, sd) * S::Load(yp + i0, 1);
   });
 }
@@ -912,10 +910,8 @@ class Solver {
   int64_t Group() const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
-      constexpr int64_t L = ScanVector<T>::L;
       if (g_.Q == 1) return 1;
-      if (g_.Q >= L || L % g_.Q != 0 || kind_ != kThomas) return 0;
-      return g_.Q;
+      return Groupable<T>(g_.Q) && kind_ == kThomas ? g_.Q : 0;
     }
 #endif
     return 0;
@@ -1065,12 +1061,8 @@ class Solver {
   void ScanTile(const Tile& tile, T* scratch) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
-      switch (Group()) {
-        case 2: return ScanGroups<2>(tile, scratch);
-        case 4: if constexpr (ScanVector<T>::L > 4) return ScanGroups<4>(tile, scratch); break;
-        case 8: if constexpr (ScanVector<T>::L > 8) return ScanGroups<8>(tile, scratch); break;
-        default: return ScanGroups<1>(tile, scratch);
-      }
+      const auto groups = [&](auto G) { ScanGroups<decltype(G)::value>(tile, scratch); };
+      if (!WithGroup<T>(Group(), groups)) ScanGroups<1>(tile, scratch);
     }
 #endif
   }
@@ -2092,21 +2084,14 @@ class Recurrence {
   // with G = Q (each operand such rows, one row broadcast along the steps, or one value a step
   // shared by the lanes: LoadSteps).
   bool Grouped(const Tile& tile) const {
-    constexpr int64_t L = ScanVector<T>::L;
-    if (g_.Q < 2 || g_.Q >= L || L % g_.Q != 0) return false;
-    return tile.lanes == kLanesQ && tile.q == 0 && tile.w == g_.Q && tile.len >= L / g_.Q;
+    return Groupable<T>(g_.Q) && tile.lanes == kLanesQ && tile.q == 0 && tile.w == g_.Q &&
+           tile.len >= ScanVector<T>::L / g_.Q;
   }
 
   template <int Gate>
   bool GroupedSteps(const Tile& tile, T* scratch) const {
-    constexpr int L = ScanVector<T>::L;
-    if (!Grouped(tile)) return false;
-    switch (g_.Q) {
-      case 2: ScanSteps<Gate, 2>(tile, scratch); return true;
-      case 4: if constexpr (L > 4) { ScanSteps<Gate, 4>(tile, scratch); return true; } break;
-      case 8: if constexpr (L > 8) { ScanSteps<Gate, 8>(tile, scratch); return true; } break;
-    }
-    return false;
+    const auto steps = [&](auto G) { ScanSteps<Gate, decltype(G)::value>(tile, scratch); };
+    return Grouped(tile) && WithGroup<T>(g_.Q, steps);
   }
 #endif
 
