@@ -280,14 +280,18 @@ def test_planner_chunks_few_long_systems_only(monkeypatch):
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     assert _planner.cpu_tiling(1, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     # Chunks of systems a few values apart: rows of 8 or 16 bytes of solves in tiles of all Q
-    # lanes of a vector's worth of chunks; other rows, and recurrences, one chunk's Q lanes.
+    # lanes of a vector's worth of chunks, and rows of 32 bytes of unpivoted ones where Q
+    # divides the scans' vector (their first sweep loads the runs straight into one); other
+    # rows, pivoted 32-byte ones, and recurrences, one chunk's Q lanes.
     for dtype in (np.float32, np.float64):
         lanes = _planner.vector_lanes(dtype)
         itemsize = np.dtype(dtype).itemsize
-        for Q in sorted({2, 3, 4, lanes - 1} & set(range(2, lanes))):
-            for columns, rows in ((3, 4080), (0, 7812)):  # solve chunks, recurrence chunks
-                tiling = _planner.cpu_tiling(1, 245, Q, rows, dtype, columns=columns)
-                if columns and Q * itemsize in (8, 16):
+        for Q in sorted({2, 3, 4, 8, lanes - 1} & set(range(2, lanes))):
+            runs_of_32 = Q * itemsize == 32 and _planner.scanned_lanes(Q, dtype)
+            for columns, rows, pivoted in ((3, 4080, False), (4, 4080, True), (0, 7812, False)):
+                tiling = _planner.cpu_tiling(1, 245, Q, rows, dtype, columns=columns,
+                                             pivoted=pivoted)
+                if columns and (Q * itemsize in (8, 16) or (runs_of_32 and not pivoted)):
                     assert tiling == _planner.CpuTiling("cq", -(-lanes // Q) * Q), (Q, dtype)
                 else:
                     assert tiling == _planner.CpuTiling("q", Q), (Q, dtype)
@@ -337,6 +341,9 @@ def test_planner_chunks_few_long_systems_only(monkeypatch):
     assert _planner.recurrence_chunk(1, 4 * fits, 1, np.float32, **rec) == 0
     assert _planner.recurrence_chunk(1, fits, 3, np.float32, **rec) > 0
     assert _planner.recurrence_chunk(2, fits, 4, np.float32, **rec) > 0
+    # A gate's states are a fourth array.
+    assert _planner.recurrence_chunk(1, fits * 3 // 4, 4, np.float32, **rec, gated=True) == 0
+    assert _planner.recurrence_chunk(1, fits, 4, np.float32, **rec, gated=True) > 0
 
 
 def test_planner_scans_only_where_the_built_kernel_can(monkeypatch):

@@ -296,35 +296,43 @@ def kernel_loop(a, x, h0, *, reverse, shifted, gate, chunk):
     return h, decay, final
 
 
-def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tilings, seed):
-    """The kernel's runs (and chunk ends) of (P, T, Q) operands, `a` of `a_shape` broadcast,
-    in each tiling, against kernel_loop."""
+def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tilings, seed,
+                      x_shape=None, gate_shape=None, h0_shape=None):
+    """The kernel's runs (and chunk ends) of (P, T, Q) operands, `a` of `a_shape` broadcast
+    (and x, the gate's states and h0 of their shapes, each of the full shape if not given), in
+    each tiling, against kernel_loop."""
     from tridiax._kernels import _native
 
     rng = np.random.default_rng(seed)
     P, T, Q = shape
-    a = np.broadcast_to(rng.uniform(0.5, 1.0, a_shape), shape)
-    x = rng.standard_normal(shape)
-    h0 = rng.standard_normal((P, -(-T // (chunk or T)), Q))
-    states = None if gate is None else (rng.uniform(-0.9, 0.9, shape), gate)
+    C = -(-T // (chunk or T))
+    draw = lambda f, s, full: np.broadcast_to(f(size=s or full), full)  # noqa: E731
+    a = draw(lambda size: rng.uniform(0.5, 1.0, size), a_shape, shape)
+    x = draw(rng.standard_normal, x_shape, shape)
+    h0 = draw(rng.standard_normal, h0_shape, (P, C, Q))
+    states = None if gate is None else (
+        draw(lambda size: rng.uniform(-0.9, 0.9, size), gate_shape, shape), gate)
     want, want_decay, want_final = kernel_loop(a, x, h0, reverse=reverse, shifted=shifted,
                                                gate=states, chunk=chunk)
-    cast = lambda v: jnp.asarray(v, dtype)  # noqa: E731
-    kernel_gate = None if gate is None else (cast(states[0]), getattr(jax.nn, gate, jnp.tanh))
-    a_in = cast(np.asarray(a)[tuple(slice(n) for n in a_shape)])
+    # The kernel takes each operand as given, its size-1 axes broadcast in place.
+    given = lambda v, s: jnp.asarray(np.asarray(v)[tuple(slice(n) for n in s or v.shape)],  # noqa: E731
+                                     dtype)
+    kernel_gate = None if gate is None else (given(states[0], gate_shape),
+                                             getattr(jax.nn, gate, jnp.tanh))
+    a_in, x_in, h0_in = given(a, a_shape), given(x, x_shape), given(h0, h0_shape)
     for tiling in tilings:
-        got = _native.recurrence_pnq(a_in, cast(x), cast(h0), reverse=reverse, shifted=shifted,
+        got = _native.recurrence_pnq(a_in, x_in, h0_in, reverse=reverse, shifted=shifted,
                                      activation=None, final_only=False, out_dtype=dtype,
                                      tiling=tiling, chunk=chunk, gate=kernel_gate)
         assert_close(got, want, dtype)
         if chunk:
-            decay, final = _native.recurrence_ends_pnq(a_in, cast(x), reverse=reverse,
+            decay, final = _native.recurrence_ends_pnq(a_in, x_in, reverse=reverse,
                                                        shifted=shifted, chunk=chunk,
                                                        tiling=tiling, gate=kernel_gate)
             assert_close(decay, want_decay, dtype)
             assert_close(final, want_final, dtype)
         else:
-            final = _native.recurrence_pnq(a_in, cast(x), cast(h0), reverse=reverse,
+            final = _native.recurrence_pnq(a_in, x_in, h0_in, reverse=reverse,
                                            shifted=shifted, activation=None, final_only=True,
                                            out_dtype=dtype, tiling=tiling, gate=kernel_gate)
             assert_close(final[:, 0], want[:, 0 if reverse else -1], dtype)
@@ -368,3 +376,29 @@ def test_native_scan_of_rows_of_a_few_lanes(dtype, Q, T, chunk, reverse, gate, a
     for shifted in (False, True):
         check_native_scan(dtype, (P, T, Q), a_shape[a_rows], chunk, reverse, shifted, gate,
                           [CpuTiling("q", Q)], seed=T + chunk + Q)
+
+
+# The same grouped scans with x, the gate's states and h0 broadcast rather than `a`: one row
+# along T, one value a step shared by the Q lanes, one value, and h0 shared by the P rows or
+# the Q lanes (each read through its own strides).
+@pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("Q", [2, 4, 8])
+@pytest.mark.parametrize("T,chunk", [(9, 0), (301, 64)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("layout", ["x_one_row", "x_shared_by_q", "x_one_value",
+                                    "gate_shared_by_q", "gate_one_row", "h0_shared"])
+def test_native_scan_of_rows_of_a_few_lanes_broadcast(dtype, Q, T, chunk, reverse, layout):
+    from tridiax._planner import CpuTiling
+
+    P = 2
+    C = -(-T // (chunk or T))
+    x_shape = {"x_one_row": (P, 1, Q), "x_shared_by_q": (P, T, 1),
+               "x_one_value": (1, 1, 1)}.get(layout)
+    gate_shape = {"gate_shared_by_q": (P, T, 1), "gate_one_row": (1, 1, Q)}.get(layout)
+    h0_shape = (1, C, 1) if layout == "h0_shared" else None
+    gate = "tanh" if gate_shape else None
+    for shifted in (False, True):
+        check_native_scan(dtype, (P, T, Q), (P, T, Q), chunk, reverse, shifted, gate,
+                          [CpuTiling("q", Q)], seed=T + chunk + Q, x_shape=x_shape,
+                          gate_shape=gate_shape, h0_shape=h0_shape)

@@ -266,9 +266,10 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
 
 
 def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: str,
-                     platform: str, chunk: int | None = None) -> int:
+                     platform: str, chunk: int | None = None, gated: bool = False) -> int:
     """Steps per chunk for a recurrence over (P, T, Q) (0: whole sequences). Chunking re-reads
-    the inputs once (5 array passes instead of 3), so only a lack of parallelism pays for it."""
+    the inputs once (5 array passes instead of 3), so only a lack of parallelism pays for it.
+    `gated`: the kernel also reads a gate's states (a fourth array)."""
     if linear and chunk is not None and chunk > 0:
         return max(2, min(int(chunk), T))
     if not linear or backend not in CHUNKED_BACKENDS or T < 2 * MIN_CHUNK or chunk == 0:
@@ -279,13 +280,14 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
             return 0
         # One sequence of contiguous steps, or one group of rows of a few lanes, is scanned
         # inside vector registers (`scanned_lanes`): one pass on one core beats the
-        # chunks' two passes on every core while its three arrays fit in the last-level cache.
+        # chunks' two passes on every core while its arrays (three, four with a gate) fit in
+        # the last-level cache.
         # (T, Q) float32 along axis 0, ms, chunked -> whole (2-core Zen 4, 32 MiB L3): (10^6,
         # 2) 0.53 -> 0.29, (3*10^5, 8) 0.47 -> 0.38, (10^5, 4) 0.20 -> 0.06, but (10^6, 4) 0.79
         # -> 0.85 and (3*10^6, 2) 1.23 -> 1.37.
         itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
         if (P == 1 and backend == "native" and scanned_lanes(Q, dtype)
-                and 3 * T * Q * itemsize <= cpu_last_cache_bytes()):
+                and (4 if gated else 3) * T * Q * itemsize <= cpu_last_cache_bytes()):
             return 0
         needed = cpu_cores() * 2 * vector_lanes(dtype)
         if lanes >= needed:
@@ -343,13 +345,13 @@ def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None) -> bool:
 
 
 def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
-               scan: bool = False) -> CpuTiling:
+               scan: bool = False, pivoted: bool = False) -> CpuTiling:
     """The C++ kernel's tile for P x C x Q lanes of `rows` rows, keeping `columns` work rows
     per lane: contiguous lanes along Q when Q fills a vector, or when a few of them (Q > 1)
     are chunked or too few systems to share out along P; else strided lanes (along P, or
     along the chunks when there are few systems) in blocks of up to two vectors, no wider than
     each core's share. `scan`: systems scanned one at a time (`scanned`), where a tile is only
-    a share of the work."""
+    a share of the work; `pivoted`: chunks of pivoted solves."""
     L = vector_lanes(dtype)
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
     cores = cpu_cores()
@@ -375,7 +377,9 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
             width = max(64 // itemsize, -(-Q // cores))
         width = max(8, width - width % 8)
         return CpuTiling("q", width)
-    if Q > 1 and C > 1 and columns and Q * itemsize in (8, 16):
+    runs = Q * itemsize in (8, 16) or (Q * itemsize == 32 and not pivoted
+                                       and scanned_lanes(Q, dtype))
+    if Q > 1 and C > 1 and columns and runs:
         # Chunks of solves whose rows are a few values (an (N, 4) field along axis 0, float32):
         # a tile takes every Q lane of a vector's worth of chunks, each chunk's row of Q values
         # one run (8 or 16 bytes, one move), so each row's divisions run a vector at a time.
@@ -384,8 +388,10 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # -> 9.3-11.8 ms, (10^6, 2) 11.8 -> 7.4, float64 (10^6, 2) 11.3 -> 9.4 (2-core Zen 4,
         # side by side). Other runs lost: 12- and 24-byte runs go value by value, and 32-byte
         # runs (float64 (10^6, 4), 2 chunks a tile) took 2-3x longer than reading the rows in
-        # place; recurrences (no division) keep their rows in place too: float64 (10^6, 2)
-        # 4.4 -> 5.2-6.0 ms with these tiles.
+        # place, but for Thomas chunks whose runs the kernel loads straight into a vector (Q
+        # dividing it: cpu_kernels.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5 -> 2.6
+        # ms); recurrences (no division) keep their rows in place too: float64 (10^6, 2) 4.4
+        # -> 5.2-6.0 ms with these tiles.
         chunks = min(-(-L // Q), max(1, -(-P * C // cores)))
         return CpuTiling("cq", chunks * Q)
     if Q > 1 and (C > 1 or -(-P // cores) < Q):
@@ -445,14 +451,15 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
                                                  "pivoted": 4}.get(kind, 2)
     scan = backend == "native" and scanned(N, Q, kind, dtype, chunk=m)
     return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=columns,
-                           block=block, scan=scan))
+                           block=block, scan=scan, pivoted=kind == "pivoted"))
 
 
 def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, *, linear: bool,
-                    chunk: int | None = None, block=None) -> Plan:
-    """The plan of one recurrence over (P, T, Q)."""
+                    chunk: int | None = None, block=None, gated: bool = False) -> Plan:
+    """The plan of one recurrence over (P, T, Q) (`gated`: with a gate's states read in the
+    kernel)."""
     m = recurrence_chunk(P, T, Q, dtype, linear=linear, backend=backend, platform=platform,
-                         chunk=chunk)
+                         chunk=chunk, gated=gated)
     C = -(-T // m) if m else 1
     return Plan(m, _tiling(backend, P, C, Q, m or T, dtype, columns=0, block=block))
 
@@ -465,9 +472,9 @@ def factor_plan(backend: str, P: int, N: int, Q: int, dtype, *, block=None) -> P
     return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0, block=block, scan=scan))
 
 
-def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, scan=False):
+def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, scan=False, pivoted=False):
     if backend == "native":
-        return cpu_tiling(P, C, Q, rows, dtype, columns=columns, scan=scan)
+        return cpu_tiling(P, C, Q, rows, dtype, columns=columns, scan=scan, pivoted=pivoted)
     if backend.startswith("pallas"):
         return block
     return None

@@ -71,7 +71,7 @@ def _lowering(platform: str):
 
         def plan(P, T, Q, override):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
-                                            chunk=override)
+                                            chunk=override, gated=bool(states) and in_kernel)
 
         def local_recurrence(a, x, h0, *states, shifted=False, final_only):
             """The sequences one device holds (all of them when unsharded)."""
