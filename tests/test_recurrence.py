@@ -306,17 +306,23 @@ def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tili
     rng = np.random.default_rng(seed)
     P, T, Q = shape
     C = -(-T // (chunk or T))
-    draw = lambda f, s, full: np.broadcast_to(f(size=s or full), full)  # noqa: E731
-    a = draw(lambda size: rng.uniform(0.5, 1.0, size), a_shape, shape)
-    x = draw(rng.standard_normal, x_shape, shape)
-    h0 = draw(rng.standard_normal, h0_shape, (P, C, Q))
-    states = None if gate is None else (
-        draw(lambda size: rng.uniform(-0.9, 0.9, size), gate_shape, shape), gate)
+
+    def draw(low, high, drawn_shape, full):
+        """Values of `drawn_shape` (`full` if None), broadcast to `full` for the loop."""
+        size = drawn_shape or full
+        values = rng.standard_normal(size) if low is None else rng.uniform(low, high, size)
+        return np.broadcast_to(values, full)
+
+    def given(v, drawn_shape):
+        """What the kernel takes: the values as drawn, size-1 axes broadcast in place."""
+        return jnp.asarray(np.asarray(v)[tuple(slice(n) for n in drawn_shape or v.shape)], dtype)
+
+    a = draw(0.5, 1.0, a_shape, shape)
+    x = draw(None, None, x_shape, shape)
+    h0 = draw(None, None, h0_shape, (P, C, Q))
+    states = None if gate is None else (draw(-0.9, 0.9, gate_shape, shape), gate)
     want, want_decay, want_final = kernel_loop(a, x, h0, reverse=reverse, shifted=shifted,
                                                gate=states, chunk=chunk)
-    # The kernel takes each operand as given, its size-1 axes broadcast in place.
-    given = lambda v, s: jnp.asarray(np.asarray(v)[tuple(slice(n) for n in s or v.shape)],  # noqa: E731
-                                     dtype)
     kernel_gate = None if gate is None else (given(states[0], gate_shape),
                                              getattr(jax.nn, gate, jnp.tanh))
     a_in, x_in, h0_in = given(a, a_shape), given(x, x_shape), given(h0, h0_shape)
@@ -379,7 +385,7 @@ def test_native_scan_of_rows_of_a_few_lanes(dtype, Q, T, chunk, reverse, gate, a
 
 
 # The same grouped scans with x, the gate's states and h0 broadcast rather than `a`: one row
-# along T, one value a step shared by the Q lanes, one value, and h0 shared by the P rows or
+# along T, one value a step shared by the Q lanes, one value, and h0 shared by the P rows and
 # the Q lanes (each read through its own strides).
 @pytest.mark.skipif("native" not in backends(), reason="the native kernel is not built here")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)

@@ -248,7 +248,8 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # more in boundary work than their cache misses do ((10 000, 1 000) float32 and
         # float64: chunks of 48 rows 10-15% slower than 112).
         work = _chunk_work_rows(kind)
-        width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=work).width  # the most chunks
+        width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=work,  # the most chunks
+                           pivoted=kind == "pivoted").width
         target = 2 * cpu_cache_bytes() // (work * width * itemsize)
         target = int(np.clip(1 << int(np.log2(max(target, 1))), 128, 4096))
         # Off a power of two: chunks 2^k values apart would map to one set of the L1 cache.
@@ -389,8 +390,8 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # side by side). Other runs lost: 12- and 24-byte runs go value by value, and 32-byte
         # runs (float64 (10^6, 4), 2 chunks a tile) took 2-3x longer than reading the rows in
         # place, but for Thomas chunks whose runs the kernel loads straight into a vector (Q
-        # dividing it: cpu_kernels.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5 -> 2.6
-        # ms); recurrences (no division) keep their rows in place too: float64 (10^6, 2) 4.4
+        # dividing it: cpu_kernels.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5-6.4 ->
+        # 2.0-2.6 ms); recurrences (no division) keep their rows in place too: float64 (10^6, 2) 4.4
         # -> 5.2-6.0 ms with these tiles.
         chunks = min(-(-L // Q), max(1, -(-P * C // cores)))
         return CpuTiling("cq", chunks * Q)

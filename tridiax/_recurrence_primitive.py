@@ -69,9 +69,9 @@ def _lowering(platform: str):
         # that gates, relu and tanh), else materialized.
         in_kernel = backend == "native" and _gates(gate)
 
-        def plan(P, T, Q, override):
+        def plan(P, T, Q, override, gated=False):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
-                                            chunk=override, gated=bool(states) and in_kernel)
+                                            chunk=override, gated=gated)
 
         def local_recurrence(a, x, h0, *states, shifted=False, final_only):
             """The sequences one device holds (all of them when unsharded)."""
@@ -90,7 +90,7 @@ def _lowering(platform: str):
                 a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
                 x, shifted = slope * x, False
             h = _chunked.recurrence_any(
-                kernels, a, x, h0, plan=plan(P, T, Q, chunk),
+                kernels, a, x, h0, plan=plan(P, T, Q, chunk, gated=gated is not None),
                 reverse=reverse, shifted=shifted, final_only=final_only, gate=gated,
                 activation=activation,
                 replan=lambda P, C, Q: plan(P, C, Q, None if chunk != 0 else 0))

@@ -262,6 +262,17 @@ void MoveRuns(T* a, int64_t ga, int64_t ra, int64_t n, int64_t inner, T* b, int6
   }
 }
 
+// Asks for the lines of `runs` runs of `bytes` bytes, the first at p, the others `apart`
+// values after it, into L2 (a CQ tile's chunks: more streams than the hardware prefetchers
+// follow).
+template <typename T>
+void PrefetchRuns(const T* p, int64_t runs, int64_t apart, int64_t bytes) {
+  for (int64_t j = 0; j < runs; ++j) {
+    const char* run = reinterpret_cast<const char*>(p + j * apart);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(run + b, 0, 1);
+  }
+}
+
 // Rows of one operand for a tile's W lanes: Row(i) points at W values (lanes s < w valid) of
 // relative row i in [0, len). Contiguous lanes are read in place; broadcast ones filled; strided
 // ones moved a block of kRows rows at a time into `buf` (kRows x W values); CQ lanes likewise, a
@@ -306,10 +317,7 @@ class RowReader {
     if (rows <= 0) return;
     const int64_t bytes = ((rows - 1) * row_ + (lanes_.group - 1) * lanes_.inner + 1) *
                           static_cast<int64_t>(sizeof(T));
-    for (int64_t s = 0; s < w_; s += lanes_.group) {
-      const char* run = reinterpret_cast<const char*>(Lane(s) + i0 * row_);
-      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(run + b, 0, 1);
-    }
+    PrefetchRuns(base_ + i0 * row_, w_ / lanes_.group, lanes_.lane, bytes);
   }
 
   // Each strided lane is its own stream, more than the hardware prefetchers follow: Load asks
@@ -1266,8 +1274,8 @@ class Solver {
   // broadcast along N is any of these, read again each row); the state (c', y', v', pi and the
   // two sums) carried in registers. Ends reads such rows through RowReader, moving them run by
   // run into a buffer and back out, and its state through `work`: the first sweep of a (10^6,
-  // 4) float32 field took 2.2-2.9 ms against 1.2 ms this way, (10^6, 8) 5.5-6.4 against 2.6
-  // (2-core Zen 4). False, nothing done, for other tiles.
+  // 4) float32 field took 2.2-2.9 ms against 0.8-1.2 ms this way, (10^6, 8) 5.5-6.4 against
+  // 2.0-2.6 (2-core Zen 4). False, nothing done, for other tiles.
   template <int G>
   bool EndsOfRuns(const Tile& tile, const T* alpha, const T* beta, const T* omega,
                   T* work) const {
@@ -1304,18 +1312,16 @@ class Solver {
              : read[k] == kSpread ? S::template SpreadRuns<G>(p, apart[k])
                                   : S::Splat(*p);
     };
-    // The hardware prefetchers do not follow R streams per operand well enough.
+    // kRows rows of each operand's runs from row i. The tile's RowReaders (SolveTile) already
+    // asked for rows [0, kGroupAhead); each block of kRows rows asks for the block kGroupAhead
+    // rows after it.
     const auto prefetch = [&](int64_t i) {
       for (int k = 0; k < 4; ++k) {
-        if (row[k] == 0 || read[k] == kValue) continue;
-        const int64_t bytes = kRows * row[k] * static_cast<int64_t>(sizeof(T));
-        for (int64_t j = 0; j < R; ++j) {
-          const char* p = reinterpret_cast<const char*>(at[k] + j * apart[k] + i * row[k]);
-          for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 1);
-        }
+        if (row[k] == 0) continue;  // one row for the whole chunk
+        PrefetchRuns(at[k] + i * row[k], R, apart[k],
+                     kRows * row[k] * static_cast<int64_t>(sizeof(T)));
       }
     };
-    for (int64_t i = 0; i < std::min(n, kGroupAhead); i += kRows) prefetch(i);
     const V one = S::Splat(T(1)), zero = S::Splat(T(0));
     const V om = S::Load(omega, 1);
     V cp, yp, vp, pi = one, ys, vs, wl;
@@ -1328,7 +1334,7 @@ class Solver {
     }
     // Rows 1..n-1; the last has no sup and gives w's last value.
     for (int64_t i = 1; i < n; ++i) {
-      if (i % kRows == 0 && i + kGroupAhead < n) prefetch(i + kGroupAhead);
+      if (i % kRows == 0 && i - kRows + kGroupAhead < n) prefetch(i - kRows + kGroupAhead);
       const V a = load(0, i);
       const V r = one / (load(1, i) - a * cp);
       pi = -pi * cp;
