@@ -113,28 +113,31 @@ def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, perio
 @pytest.mark.parametrize("Q", [2, 4, 8])
 @pytest.mark.parametrize("bands_shape", ["per_system", "one_row", "one_value", "shared_by_q"])
 def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic, dtype):
-    """(P, N, Q) along axis 1 with Q dividing a vector: the last sweep over chunks (chunk=97)
+    """(P, N, Q) along axis 1 with Q dividing a vector: the sweeps over chunks read a tile of
+    one vector of lanes (L/Q chunks) straight into registers (cpu_kernels.cc, EndsOfRuns and
+    SolveOfRuns; chunks of 97 rows, and of 2 and 3: one or two interior rows), narrower tiles
     and the whole solve (chunk=0) scan all Q lanes of a chunk together, L/Q rows a vector
-    (cpu_kernels.cc, ScanGroups), with the bands per system, one row broadcast along N, one
-    value, or shared by the Q systems (one value a row: one matrix, Q right-hand sides);
-    against scipy, and the transposed solve through the gradient. 1001 = 10 * 97 + 31: a short
-    last chunk; P = 2: tiles of each p's chunks."""
-    shape = (2, 1001, Q)
-    l, d, u, b = dominant_bands(shape, dtype)
-    if bands_shape == "one_row":
-        l, d, u = (v[:, :1] for v in (l, d, u))
-    elif bands_shape == "one_value":
-        l, d, u = (v[:1, :1, :1] for v in (l, d, u))
-    elif bands_shape == "shared_by_q":
-        l, d, u = (v[:, :, :1] for v in (l, d, u))
-    full = [np.broadcast_to(v, shape) for v in (l, d, u)]
-    want = verify.reference_solve(*full, b, axis=1, periodic=periodic)
-    g = RNG.standard_normal(shape).astype(dtype)
-    want_t = verify.reference_solve(np.roll(full[2], 1, 1), full[1], np.roll(full[0], -1, 1), g,
-                                    axis=1, periodic=periodic)
-    for chunk in (97, 0):
-        x, vjp = jax.vjp(lambda b, c=chunk: solve(l, d, u, b, axis=1, periodic=periodic, chunk=c),
-                         b)
+    (ScanGroups); with the bands per system, one row broadcast along N, one value, or shared by
+    the Q systems (one value a row: one matrix, Q right-hand sides); against scipy, and the
+    transposed solve through the gradient. 1001 = 10 * 97 + 31: a short last chunk; 1000 rows
+    in chunks of 2 (1001 has none); P = 2: tiles of each p's chunks."""
+    for rows, chunk in ((1001, 97), (1000, 2), (1001, 3), (1001, 0)):
+        shape = (2, rows, Q)
+        l, d, u, b = dominant_bands(shape, dtype)
+        if bands_shape == "one_row":
+            l, d, u = (v[:, :1] for v in (l, d, u))
+        elif bands_shape == "one_value":
+            l, d, u = (v[:1, :1, :1] for v in (l, d, u))
+        elif bands_shape == "shared_by_q":
+            l, d, u = (v[:, :, :1] for v in (l, d, u))
+        assert not chunk or _planner.valid_chunk(rows, chunk, periodic=periodic) == chunk
+        full = [np.broadcast_to(v, shape) for v in (l, d, u)]
+        want = verify.reference_solve(*full, b, axis=1, periodic=periodic)
+        g = RNG.standard_normal(shape).astype(dtype)
+        want_t = verify.reference_solve(np.roll(full[2], 1, 1), full[1], np.roll(full[0], -1, 1),
+                                        g, axis=1, periodic=periodic)
+        x, vjp = jax.vjp(
+            lambda b, c=chunk: solve(l, d, u, b, axis=1, periodic=periodic, chunk=c), b)
         assert rel_err(x, want) < tolerance(dtype), chunk
         assert rel_err(vjp(jnp.asarray(g))[0], want_t) < tolerance(dtype), chunk
 

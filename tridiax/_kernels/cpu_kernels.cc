@@ -598,6 +598,25 @@ struct ScanVector {
   static auto Join(H lo, H hi, std::index_sequence<I...>) {
     return __builtin_shufflevector(lo, hi, static_cast<int>(I)...);
   }
+  // The inverse of LoadRuns: lanes [jG, jG + G) of v to the run at p + j*apart.
+  template <int G>
+  static void StoreRuns(T* p, int64_t apart, V v) {
+    Unjoin<G, L / G>(p, apart, v);
+  }
+  template <int G, int R, typename H>
+  static void Unjoin(T* p, int64_t apart, H v) {
+    if constexpr (R == 1) {
+      std::memcpy(p, &v, sizeof(H));
+    } else {
+      Unjoin<G, R / 2>(p, apart, Half<0>(v, std::make_index_sequence<G * R / 2>{}));
+      Unjoin<G, R / 2>(p + (R / 2) * apart, apart,
+                       Half<G * R / 2>(v, std::make_index_sequence<G * R / 2>{}));
+    }
+  }
+  template <int First, typename H, size_t... I>
+  static auto Half(H v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, (First + static_cast<int>(I))...);
+  }
   // L/G values `apart` values apart, each repeated over G lanes (a band shared by the G lanes
   // of each run).
   template <int G>
@@ -913,7 +932,7 @@ class Solver {
   // every tile is scanned, c' and y' of one system (one group of systems).
   int64_t scratch_size() const {
     const int64_t group = std::max<int64_t>(1, Group());
-    const int64_t scan = 2 * (g_.chunk * group + kScanRows);
+    const int64_t scan = std::max(2 * (g_.chunk * group + kScanRows), RunsSize());
     if (EveryTileScanned()) return scan;
     return std::max(scan, (4 * g_.chunk + 4 * kRows + kSpareRows) * g_.W);
   }
@@ -960,6 +979,31 @@ class Solver {
     return 0;
   }
 
+  // The scratch of SolveOfRuns (c' and y' of a tile's chunks), where tiles may take it.
+  int64_t RunsSize() const {
+#if defined(TRIDIAX_VECTOR_SCAN)
+    if constexpr (std::is_floating_point_v<T>) {
+      if (mode_ == kChunkSolve && kind_ == kThomas && g_.lanes == kLanesCQ) {
+        return 2 * g_.chunk * ScanVector<T>::L;
+      }
+    }
+#endif
+    return 0;
+  }
+
+  // Whether SolveOfRuns took this tile: the last sweep of Thomas chunks whose rows are runs.
+  bool SolvedOfRuns(const Tile& tile, T* scratch) const {
+#if defined(TRIDIAX_VECTOR_SCAN)
+    if constexpr (std::is_floating_point_v<T>) {
+      if (mode_ != kChunkSolve || kind_ != kThomas || tile.lanes != kLanesCQ) return false;
+      bool done = false;
+      const auto runs = [&](auto G) { done = SolveOfRuns<decltype(G)::value>(tile, scratch); };
+      return WithGroup<T>(g_.Q, runs) && done;
+    }
+#endif
+    return false;
+  }
+
   // Whether ScannedTile holds for every tile. Tiles differ in their lanes' count and rows only
   // at the ends of the main tiles and of the tail tiles (a narrower last block, a shorter last
   // chunk), so those four are checked; grouped scans leave some tail tiles (lanes along P) to
@@ -986,6 +1030,7 @@ class Solver {
 
   void SolveTile(const Tile& tile, T* scratch) const {
     const int64_t W = g_.W, len = tile.len, w = tile.w;
+    if (SolvedOfRuns(tile, scratch)) return;
     if (ScannedTile(tile)) return ScanTile(tile, scratch);
     T* c = scratch;
     T* y = c + len * W;
@@ -1268,60 +1313,83 @@ class Solver {
   }
 
 #if defined(TRIDIAX_VECTOR_SCAN)
-  // Ends for a CQ tile of exactly one vector of lanes (L/G chunks of G lanes), each row of an
-  // operand read straight from memory into a vector: runs of G contiguous values, one value per
-  // run spread over its G lanes (bands shared by the G systems), or one value (a row
-  // broadcast along N is any of these, read again each row); the state (c', y', v', pi and the
-  // two sums) carried in registers. Ends reads such rows through RowReader, moving them run by
-  // run into a buffer and back out, and its state through `work`: the first sweep of a (10^6,
-  // 4) float32 field took 2.2-2.9 ms against 0.8-1.2 ms this way, (10^6, 8) 5.5-6.4 against
-  // 2.0-2.6 (2-core Zen 4). False, nothing done, for other tiles.
+  // The rows of a CQ tile of exactly one vector of lanes (L/G chunks of G lanes), each row of
+  // a sweep operand (sub, dia, sup, rhs; transposed: sub(i) = upper[i-1], sup(i) = lower[i+1])
+  // read straight from memory into one vector: runs of G contiguous values (kRuns), one value
+  // per run spread over its G lanes (kSpread: a band shared by the G systems), or one value
+  // (kValue); a row broadcast along N is any of these, read again each row.
   template <int G>
-  bool EndsOfRuns(const Tile& tile, const T* alpha, const T* beta, const T* omega,
-                  T* work) const {
+  struct RunRows {
     using S = ScanVector<T>;
     using V = typename S::V;
-    constexpr int64_t L = S::L, R = L / G;  // R chunks a vector
-    const int64_t W = g_.W, n = tile.len - 1;
-    if (tile.w != L || n < 1) return false;
+    static constexpr int64_t R = S::L / G;  // chunks a vector
     enum Read { kRuns, kSpread, kValue };
-    const T* at[4];
+    const T* at[4];  // row 0 of each sweep operand
     int64_t row[4], apart[4];
     Read read[4];
-    for (int k = 0; k < 4; ++k) {
-      const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
+
+    inline __attribute__((always_inline)) V Load(int j, int64_t i) const {
+      const T* p = at[j] + i * row[j];
+      return read[j] == kRuns ? S::template LoadRuns<G>(p, apart[j])
+             : read[j] == kSpread ? S::template SpreadRuns<G>(p, apart[j])
+                                  : S::Splat(*p);
+    }
+    // The lines of `rows` rows of each operand's runs from row i, into L2.
+    void Prefetch(int64_t i, int64_t rows) const {
+      for (int j = 0; j < 4; ++j) {
+        if (row[j] == 0) continue;  // one row for the whole chunk
+        PrefetchRuns(at[j] + i * row[j], R, apart[j],
+                     ((rows - 1) * row[j] + G) * static_cast<int64_t>(sizeof(T)));
+      }
+    }
+  };
+
+  // The tile's RunRows; false where the tile is not one vector of lanes or an operand's lanes
+  // are laid out otherwise.
+  template <int G>
+  bool TileRuns(const Tile& tile, RunRows<G>& runs) const {
+    using Rows = RunRows<G>;
+    if (tile.w != ScanVector<T>::L) return false;
+    const int kl = transposed_ ? 2 : 0, ku = transposed_ ? 0 : 2;
+    const int op[4] = {kl, 1, ku, 3};
+    const int64_t lag[4] = {transposed_ ? -1 : 0, 0, transposed_ ? 1 : 0, 0};
+    for (int j = 0; j < 4; ++j) {
+      const Operand& o = ops_[op[j]];
+      const auto st = g_.Of(tile, o.sp, o.sn, o.sq, g_.chunk);
       if (st.group == G && (st.inner == 1 || st.inner == 0)) {
-        read[k] = st.inner == 1 ? kRuns : kSpread;
+        runs.read[j] = st.inner == 1 ? Rows::kRuns : Rows::kSpread;
       } else if (st.group == 1 && st.lane == 0) {
-        read[k] = kValue;
+        runs.read[j] = Rows::kValue;
       } else {
         return false;
       }
-      at[k] = Data(k) + st.base;
-      row[k] = ops_[k].sn;
-      apart[k] = st.lane;
+      runs.at[j] = Data(op[j]) + st.base + lag[j] * o.sn;
+      runs.row[j] = o.sn;
+      runs.apart[j] = st.lane;
     }
-    // Row i of sub, dia, sup and rhs (transposed: sub(i) = upper[i-1], sup(i) = lower[i+1]).
-    const int kl = transposed_ ? 2 : 0, ku = transposed_ ? 0 : 2;
-    const int64_t lag[4] = {transposed_ ? -1 : 0, 0, transposed_ ? 1 : 0, 0};  // sub, dia, sup, rhs
-    const int op[4] = {kl, 1, ku, 3};
-    const auto load = [&](int j, int64_t i) {
-      const int k = op[j];
-      const T* p = at[k] + (i + lag[j]) * row[k];
-      return read[k] == kRuns ? S::template LoadRuns<G>(p, apart[k])
-             : read[k] == kSpread ? S::template SpreadRuns<G>(p, apart[k])
-                                  : S::Splat(*p);
-    };
-    // kRows rows of each operand's runs from row i. The tile's RowReaders (SolveTile) already
-    // asked for rows [0, kGroupAhead); each block of kRows rows asks for the block kGroupAhead
-    // rows after it.
-    const auto prefetch = [&](int64_t i) {
-      for (int k = 0; k < 4; ++k) {
-        if (row[k] == 0) continue;  // one row for the whole chunk
-        PrefetchRuns(at[k] + i * row[k], R, apart[k],
-                     kRows * row[k] * static_cast<int64_t>(sizeof(T)));
-      }
-    };
+    return true;
+  }
+
+  // Ends for a CQ tile of exactly one vector of lanes, its rows read by RunRows, the state (c',
+  // y', v', pi and the two sums) carried in registers. Ends reads such rows through RowReader,
+  // moving them run by run into a buffer and back out, and its state through `work`: the first
+  // sweep of a (10^6, 4) float32 field took 2.2-2.9 ms against 0.8-1.2 ms this way, (10^6, 8)
+  // 5.5-6.4 against 2.0-2.6 (2-core Zen 4). False, nothing done, for other tiles. Compiled
+  // apart from Chunk: inlined there, GCC left RunRows::Load out of line, or, with Load forced
+  // inline, the sweep ran 10-20% slower.
+  template <int G>
+  __attribute__((noinline)) bool EndsOfRuns(const Tile& tile, const T* alpha, const T* beta,
+                                            const T* omega, T* work) const {
+    using S = ScanVector<T>;
+    using V = typename S::V;
+    constexpr int64_t L = S::L;
+    const int64_t W = g_.W, n = tile.len - 1;
+    RunRows<G> rows;
+    if (n < 1 || !TileRuns<G>(tile, rows)) return false;
+    const auto load = [&](int j, int64_t i) { return rows.Load(j, i); };
+    // The tile's RowReaders (SolveTile) already asked for rows [0, kGroupAhead); each block of
+    // kRows rows asks for the block kGroupAhead rows after it.
+    const auto prefetch = [&](int64_t i) { rows.Prefetch(i, kRows); };
     const V one = S::Splat(T(1)), zero = S::Splat(T(0));
     const V om = S::Load(omega, 1);
     V cp, yp, vp, pi = one, ys, vs, wl;
@@ -1355,6 +1423,82 @@ class Solver {
               {ys[s], vs[s], pi[s] * wl[s]});
     }
     StoreReduced(tile, o);
+    return true;
+  }
+
+  // The partition method's last sweep (kChunkSolve, Thomas) on a CQ tile of exactly one vector
+  // of lanes, its rows read by RunRows: the forward elimination row by row with c' and y' in
+  // registers and stored to `scratch` (2 n L values), then the back substitution, each row of x
+  // stored as its runs. ScanGroups scans each chunk's G lanes instead, L/G rows a vector,
+  // whose log-step products of 2x2 matrices cost more than the divisions they spare: the last
+  // sweep of a (10^6, 4) float32 field took 2.0-2.3 ms that way against 1.3-1.8 ms this way
+  // (2-core Zen 4, side by side). False, nothing done, for other tiles.
+  template <int G>
+  __attribute__((noinline)) bool SolveOfRuns(const Tile& tile, T* scratch) const {
+    using S = ScanVector<T>;
+    using V = typename S::V;
+    constexpr int64_t L = S::L;
+    const int64_t n = tile.len - 1;  // interior rows; row n: the separator
+    RunRows<G> rows;
+    if (n < 1 || !TileRuns<G>(tile, rows)) return false;
+    rows.Prefetch(0, std::min(n + 1, kGroupAhead));
+    const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
+    T* x = outs_[0] + so.base;  // runs so.lane apart, rows Q apart
+    const int64_t sx = g_.Q;
+    // Each lane's separators: x[s_c] written as row n, and the right-hand sides of rows 0 and
+    // n-1 less their couplings to x[s_{c-1}] and x[s_c] (both on row 0 when n = 1), as Chunk.
+    alignas(64) T left[L], right[L];
+    {
+      const T* xs = static_cast<const T*>(xsep_.data);
+      const auto row0 = [&](int k, int64_t s) {
+        return Data(k) + g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk).At(s);
+      };
+      for (int64_t s = 0; s < L; ++s) {
+        const int64_t cs = tile.C(s);
+        const int64_t sep = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
+        const T xr = xs[sep + cs * xsep_.sn];
+        const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn]
+                                         : T(0);
+        left[s] = Couplings(tile, s, row0(0, s), row0(2, s)).first * xl;
+        right[s] = xr;
+        x[so.Offset(s) + n * sx] = xr;
+      }
+    }
+    const V one = S::Splat(T(1)), zero = S::Splat(T(0));
+    const V right_coupled = rows.Load(2, n - 1) * S::Load(right, 1);  // omega x[s_c]
+    V b0 = rows.Load(3, 0) - S::Load(left, 1);
+    if (n == 1) b0 -= right_coupled;
+    T* cs = scratch;  // c'[i] at cs + i*L (rows 0..n-2), y'[i] at ys + i*L
+    T* ys = scratch + n * L;
+    V cp, yp;
+    {
+      const V r = one / rows.Load(1, 0);
+      cp = n > 1 ? rows.Load(2, 0) * r : zero;
+      yp = b0 * r;
+      S::Store(cs, cp);
+      S::Store(ys, yp);
+    }
+    for (int64_t i = 1; i < n; ++i) {
+      const int64_t ahead = i - kRows + kGroupAhead;
+      if (i % kRows == 0 && ahead <= n) rows.Prefetch(ahead, std::min(kRows, n + 1 - ahead));
+      const V a = rows.Load(0, i);
+      const V r = one / (rows.Load(1, i) - a * cp);
+      if (i + 1 < n) {
+        yp = (rows.Load(3, i) - a * yp) * r;
+        cp = rows.Load(2, i) * r;
+        S::Store(cs + i * L, cp);
+      } else {  // row n-1: no sup; its right-hand side less omega x[s_c]
+        yp = (rows.Load(3, i) - right_coupled - a * yp) * r;
+      }
+      S::Store(ys + i * L, yp);
+    }
+    // x[n-1] = y'[n-1], x[i] = y'[i] - c'[i] x[i+1].
+    V xv = yp;
+    S::template StoreRuns<G>(x + (n - 1) * sx, so.lane, xv);
+    for (int64_t i = n - 2; i >= 0; --i) {
+      xv = S::Load(ys + i * L, 1) - S::Load(cs + i * L, 1) * xv;
+      S::template StoreRuns<G>(x + i * sx, so.lane, xv);
+    }
     return true;
   }
 #endif
