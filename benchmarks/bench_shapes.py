@@ -94,7 +94,7 @@ class Row:
         return self.grad_ms / self.tridiax_ms
 
 
-def time_best(fn, args, budget_s=3.0, max_repeats=10):
+def time_best(fn, args, budget_s=3.0, max_repeats=30):
     """(best seconds, compile seconds): jit, compile, warm up, then the minimum of repeats
     (as many as fit in `budget_s`, at least 3)."""
     t0 = time.perf_counter()

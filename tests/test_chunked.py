@@ -115,13 +115,14 @@ def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, perio
 def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic, dtype):
     """(P, N, Q) along axis 1 with Q dividing a vector: the sweeps over chunks read a tile of
     one vector of lanes (L/Q chunks) straight into registers (cpu_kernels.cc, EndsOfRuns and
-    SolveOfRuns; chunks of 97 rows, and of 2 and 3: one or two interior rows), narrower tiles
-    and the whole solve (chunk=0) scan all Q lanes of a chunk together, L/Q rows a vector
-    (ScanGroups); with the bands per system, one row broadcast along N, one value, or shared by
-    the Q systems (one value a row: one matrix, Q right-hand sides); against scipy, and the
+    SolveOfRuns; chunks of 97 and 91 rows, and of 2 and 3: one or two interior rows); a
+    narrower last tile of long chunks (11 chunks of 91) and the whole solve (chunk=0) scan all
+    Q lanes of a chunk together, L/Q rows a vector (ScanGroups), short chunks sweep row by row;
+    with the bands per system, one row broadcast along N, one value, or shared by the Q
+    systems (one value a row: one matrix, Q right-hand sides); against scipy, and the
     transposed solve through the gradient. 1001 = 10 * 97 + 31: a short last chunk; 1000 rows
     in chunks of 2 (1001 has none); P = 2: tiles of each p's chunks."""
-    for rows, chunk in ((1001, 97), (1000, 2), (1001, 3), (1001, 0)):
+    for rows, chunk in ((1001, 97), (1001, 91), (1000, 2), (1001, 3), (1001, 0)):
         shape = (2, rows, Q)
         l, d, u, b = dominant_bands(shape, dtype)
         if bands_shape == "one_row":
@@ -144,25 +145,32 @@ def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic
 
 @pytest.mark.parametrize("kind", ["thomas", "periodic", "pivoted", "periodic_pivoted"])
 def test_every_kind_at_a_million_rows_matches_reference(kind):
-    """One system of 10^6 rows through the planner (chunked where the kind allows it)."""
+    """One system of 10^6 rows through the planner (chunked where the kind allows it): the
+    normwise backward error in float64 and float32, and the forward error against scipy. The
+    pivoting=True matrices here are not diagonally dominant and their conditioning follows the
+    draw: forward errors of 1e-12 to 3e-10 across seeds, where the backward error stays near
+    1e-16; so the draw is the test's own, whichever tests ran before it."""
     n = 1_000_000
     periodic, pivoting = "periodic" in kind, "pivoted" in kind
-    l, d, u, b = dominant_bands((n,), np.float64)
+    l, d, u, b = dominant_bands((n,), np.float64, rng=np.random.default_rng(1))
     if pivoting:  # not dominant: rows where pivoting swaps
         d = d * np.where(np.arange(n) % 5 == 0, 0.05, 1.0)
     ref = verify.reference_solve(l, d, u, b, periodic=periodic)
     public = tridiax.solve_periodic_tridiagonal if periodic else tridiax.solve_tridiagonal
-    x = public(l, d, u, b, pivoting=pivoting)
-    assert rel_err(x, ref) < 1e-10
-    # float32: normwise backward error (pivoting=True matrices here are not well conditioned).
-    l, d, u, b = (v.astype(np.float32) for v in (l, d, u, b))
-    x32 = np.asarray(public(l, d, u, b, pivoting=pivoting), np.float64)
-    l, d, u, b = (v.astype(np.float64) for v in (l, d, u, b))
-    before, after = (np.roll(x32, 1), np.roll(x32, -1)) if periodic else (
-        np.concatenate([[0], x32[:-1]]), np.concatenate([x32[1:], [0]]))
-    residual = l * before + d * x32 + u * after - b
-    scale = np.abs(l * before) + np.abs(d * x32) + np.abs(u * after) + np.abs(b)
-    assert np.max(np.abs(residual)) / np.max(scale) < 1e-6
+    x = np.asarray(public(l, d, u, b, pivoting=pivoting))
+    assert rel_err(x, ref) < (1e-8 if pivoting else 1e-10)
+    assert backward_error(l, d, u, b, x, periodic) < 1e-14
+    x32 = public(*(v.astype(np.float32) for v in (l, d, u, b)), pivoting=pivoting)
+    assert backward_error(l, d, u, b, np.asarray(x32, np.float64), periodic) < 1e-6
+
+
+def backward_error(l, d, u, b, x, periodic):
+    """max |A x - b| / max(|l x[i-1]| + |d x| + |u x[i+1]| + |b|), in float64."""
+    before, after = (np.roll(x, 1), np.roll(x, -1)) if periodic else (
+        np.concatenate([[0], x[:-1]]), np.concatenate([x[1:], [0]]))
+    residual = l * before + d * x + u * after - b
+    scale = np.abs(l * before) + np.abs(d * x) + np.abs(u * after) + np.abs(b)
+    return np.max(np.abs(residual)) / np.max(scale)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)

@@ -929,7 +929,8 @@ class Solver {
 
   int64_t tiles() const { return g_.tiles(); }
   // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, kSpareRows spare rows; or, when
-  // every tile is scanned, c' and y' of one system (one group of systems).
+  // every tile is scanned, c' and y' of one system (one group of systems); at least c' and y'
+  // of a tile's chunks where tiles may take SolveOfRuns.
   int64_t scratch_size() const {
     const int64_t group = std::max<int64_t>(1, Group());
     const int64_t scan = std::max(2 * (g_.chunk * group + kScanRows), RunsSize());
@@ -1441,7 +1442,7 @@ class Solver {
     const int64_t n = tile.len - 1;  // interior rows; row n: the separator
     RunRows<G> rows;
     if (n < 1 || !TileRuns<G>(tile, rows)) return false;
-    rows.Prefetch(0, std::min(n + 1, kGroupAhead));
+    rows.Prefetch(0, std::min(n, kGroupAhead));
     const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
     T* x = outs_[0] + so.base;  // runs so.lane apart, rows Q apart
     const int64_t sx = g_.Q;
@@ -1450,16 +1451,15 @@ class Solver {
     alignas(64) T left[L], right[L];
     {
       const T* xs = static_cast<const T*>(xsep_.data);
-      const auto row0 = [&](int k, int64_t s) {
-        return Data(k) + g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk).At(s);
-      };
+      const auto lower = g_.Of(tile, ops_[0].sp, ops_[0].sn, ops_[0].sq, g_.chunk);
+      const auto upper = g_.Of(tile, ops_[2].sp, ops_[2].sn, ops_[2].sq, g_.chunk);
       for (int64_t s = 0; s < L; ++s) {
         const int64_t cs = tile.C(s);
         const int64_t sep = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
         const T xr = xs[sep + cs * xsep_.sn];
         const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn]
                                          : T(0);
-        left[s] = Couplings(tile, s, row0(0, s), row0(2, s)).first * xl;
+        left[s] = Couplings(tile, s, Data(0) + lower.At(s), Data(2) + upper.At(s)).first * xl;
         right[s] = xr;
         x[so.Offset(s) + n * sx] = xr;
       }
@@ -1468,35 +1468,35 @@ class Solver {
     const V right_coupled = rows.Load(2, n - 1) * S::Load(right, 1);  // omega x[s_c]
     V b0 = rows.Load(3, 0) - S::Load(left, 1);
     if (n == 1) b0 -= right_coupled;
-    T* cs = scratch;  // c'[i] at cs + i*L (rows 0..n-2), y'[i] at ys + i*L
-    T* ys = scratch + n * L;
+    T* c_rows = scratch;  // c'[i] at c_rows + i*L (rows 0..n-2), y'[i] at y_rows + i*L
+    T* y_rows = scratch + n * L;
     V cp, yp;
     {
       const V r = one / rows.Load(1, 0);
       cp = n > 1 ? rows.Load(2, 0) * r : zero;
       yp = b0 * r;
-      S::Store(cs, cp);
-      S::Store(ys, yp);
+      S::Store(c_rows, cp);
+      S::Store(y_rows, yp);
     }
     for (int64_t i = 1; i < n; ++i) {
       const int64_t ahead = i - kRows + kGroupAhead;
-      if (i % kRows == 0 && ahead <= n) rows.Prefetch(ahead, std::min(kRows, n + 1 - ahead));
+      if (i % kRows == 0 && ahead < n) rows.Prefetch(ahead, std::min(kRows, n - ahead));
       const V a = rows.Load(0, i);
       const V r = one / (rows.Load(1, i) - a * cp);
       if (i + 1 < n) {
         yp = (rows.Load(3, i) - a * yp) * r;
         cp = rows.Load(2, i) * r;
-        S::Store(cs + i * L, cp);
+        S::Store(c_rows + i * L, cp);
       } else {  // row n-1: no sup; its right-hand side less omega x[s_c]
         yp = (rows.Load(3, i) - right_coupled - a * yp) * r;
       }
-      S::Store(ys + i * L, yp);
+      S::Store(y_rows + i * L, yp);
     }
     // x[n-1] = y'[n-1], x[i] = y'[i] - c'[i] x[i+1].
     V xv = yp;
     S::template StoreRuns<G>(x + (n - 1) * sx, so.lane, xv);
     for (int64_t i = n - 2; i >= 0; --i) {
-      xv = S::Load(ys + i * L, 1) - S::Load(cs + i * L, 1) * xv;
+      xv = S::Load(y_rows + i * L, 1) - S::Load(c_rows + i * L, 1) * xv;
       S::template StoreRuns<G>(x + i * sx, so.lane, xv);
     }
     return true;
