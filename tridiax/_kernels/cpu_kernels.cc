@@ -1137,6 +1137,16 @@ class Solver {
     }
   }
 
+  // The separators around lane s's chunk, known in the last sweep (kChunkSolve): x[s_{c-1}]
+  // (the last separator before chunk 0 when periodic, zero otherwise) and x[s_c].
+  std::pair<T, T> Separators(const Tile& tile, int64_t s) const {
+    const T* xs = static_cast<const T*>(xsep_.data) + tile.P(s) * xsep_.sp +
+                  tile.Q(s) * xsep_.sq;
+    const int64_t cs = tile.C(s);
+    const T before = cs > 0 || periodic_ ? xs[(cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn] : T(0);
+    return {before, xs[cs * xsep_.sn]};
+  }
+
   // The couplings between lane s's chunk and the previous separator (row N-1 before chunk 0
   // when periodic; none into chunk 0 otherwise): alpha = sub(0) of row 0 (lower[0], or
   // upper[-1] transposed) and beta = sup(-1) of the separator (upper[-1], or lower[0]).
@@ -1186,19 +1196,13 @@ class Solver {
                transposed_ ? ops_[0].sq : ops_[2].sq, ops_[3].sq};
     }
     const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-    const T* xs = static_cast<const T*>(xsep_.data);
     for (int64_t s = 0; s < tile.w; s += G) {
       T* x = outs_[0] + so.At(s);
       T ends[2 * G];
       if (chunks) {
         for (int q = 0; q < G; ++q) {
-          const int64_t cs = tile.C(s + q);
-          const int64_t sep = tile.P(s + q) * xsep_.sp + tile.Q(s + q) * xsep_.sq;
-          // This chunk's separator, and the previous one (row N-1 before chunk 0 when
-          // periodic) times its coupling to row 0.
-          const T xr = xs[sep + cs * xsep_.sn];
-          const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn]
-                                           : T(0);
+          // This chunk's separator, and the previous one times its coupling to row 0.
+          const auto [xl, xr] = Separators(tile, s + q);
           const T alpha = Couplings(tile, s + q, at(0, s + q), at(2, s + q)).first;
           const T omega = transposed_ ? at(0, s + q)[n * sl] : at(2, s + q)[(n - 1) * su];
           ends[q] = at(3, s + q)[0] - alpha * xl;
@@ -1450,15 +1454,10 @@ class Solver {
     // n-1 less their couplings to x[s_{c-1}] and x[s_c] (both on row 0 when n = 1), as Chunk.
     alignas(64) T left[L], right[L];
     {
-      const T* xs = static_cast<const T*>(xsep_.data);
       const auto lower = g_.Of(tile, ops_[0].sp, ops_[0].sn, ops_[0].sq, g_.chunk);
       const auto upper = g_.Of(tile, ops_[2].sp, ops_[2].sn, ops_[2].sq, g_.chunk);
       for (int64_t s = 0; s < L; ++s) {
-        const int64_t cs = tile.C(s);
-        const int64_t sep = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
-        const T xr = xs[sep + cs * xsep_.sn];
-        const T xl = cs > 0 || periodic_ ? xs[sep + (cs > 0 ? cs - 1 : g_.C - 1) * xsep_.sn]
-                                         : T(0);
+        const auto [xl, xr] = Separators(tile, s);
         left[s] = Couplings(tile, s, Data(0) + lower.At(s), Data(2) + upper.At(s)).first * xl;
         right[s] = xr;
         x[so.Offset(s) + n * sx] = xr;
@@ -1644,15 +1643,10 @@ class Solver {
     // kChunkSolve: the separators are known; adjust the end rows' right-hand sides.
     T* b0 = spare + 3 * W;
     T* bl = spare + 4 * W;
-    const T* xs = static_cast<const T*>(xsep_.data);
     {
       const T* r0 = rhs(0);
       for (int64_t s = 0; s < w; ++s) {
-        const int64_t cs = tile.C(s);
-        const int64_t at = tile.P(s) * xsep_.sp + tile.Q(s) * xsep_.sq;
-        const T xl = cs > 0 ? xs[at + (cs - 1) * xsep_.sn]
-                            : (periodic_ ? xs[at + (g_.C - 1) * xsep_.sn] : T(0));
-        const T xr = xs[at + cs * xsep_.sn];
+        const auto [xl, xr] = Separators(tile, s);
         b0[s] = r0[s] - alpha[s] * xl;
         y[n * W + s] = xr;  // the separator, row n of the output
         omega[s] *= xr;
