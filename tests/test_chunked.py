@@ -185,13 +185,23 @@ def test_few_narrow_systems_along_axis_0_match_reference(kind, dtype):
     assert (plan.chunk > 0) == (kind in _planner.CHUNKED_KINDS)
     if q < _planner.vector_lanes(dtype):  # not on 16-byte vectors (float64: 2 lanes)
         assert plan.tiling == _planner.CpuTiling("q", q)  # 12- and 24-byte rows: in place
-    l, d, u, b = dominant_bands((n, q), dtype)
+    # Draws of the test's own: with the module's generator, the bands depended on the tests run
+    # before this one in the same process.
+    l, d, u, b = dominant_bands((n, q), dtype, rng=np.random.default_rng(5))
     if pivoting:  # rows where pivoting swaps
         d = d * np.where(np.arange(n) % 5 == 0, 0.05, 1.0)[:, None].astype(dtype)
     public = tridiax.solve_periodic_tridiagonal if periodic else tridiax.solve_tridiagonal
     x = public(l, d, u, b, axis=0, pivoting=pivoting)
     ref = verify.reference_solve(l, d, u, b, axis=0, periodic=periodic)
-    assert rel_err(x, ref) < (1e3 if pivoting else 1) * tolerance(dtype)
+    if pivoting:
+        # Far from dominant, these matrices can be ill-conditioned (forward errors of 2-7% in
+        # float32 for some draws, against scipy's float64 solution), so what pivoting must keep
+        # small is the backward error: 4e-8 in float32 for those draws.
+        columns = [np.asarray(v, np.float64) for v in (l, d, u, b, x)]
+        worst = max(backward_error(*(v[:, k] for v in columns), periodic) for k in range(q))
+        assert worst < 20 * np.finfo(dtype).eps
+    else:
+        assert rel_err(x, ref) < tolerance(dtype)
     if kind != "thomas":
         return
     factored = tridiax.Tridiagonal(l, d, u, axis=0).factor().solve(b)  # never chunked
