@@ -225,7 +225,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
     shape = broadcast_shape(*operands)
     call = jax.ffi.ffi_call("tridiax_thomas_cpu", jax.ShapeDtypeStruct(shape, cdt))
     return call(*operands, transposed=transposed, kind=np.int64(_KINDS[kind]),
-                **_tile_attrs(tiling)).astype(out_dtype)
+                scan=bool(tiling.scan), **_tile_attrs(tiling)).astype(out_dtype)
 
 
 def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,

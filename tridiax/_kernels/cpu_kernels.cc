@@ -53,6 +53,7 @@ namespace {
 constexpr int64_t kBlock = 8;   // rows and lanes of one transpose, the lane granule of a tile
 constexpr int64_t kRows = 16;   // rows per block of strided lanes (a cache line of floats)
 constexpr int64_t kAhead = 256;  // rows a strided lane is prefetched ahead of its reads
+constexpr int64_t kNear = 2;  // blocks of kRows rows a strided lane is prefetched into L1 ahead
 constexpr int64_t kGroupAhead = 1024;  // rows a CQ tile's chunks are prefetched ahead
 constexpr int64_t kScanRows = 16;  // the most rows one vector holds (ScanVector<T>::L)
 constexpr int64_t kSpareRows = 32;  // a solve tile's rows of per-lane values (Solver)
@@ -262,6 +263,24 @@ void MoveRuns(T* a, int64_t ga, int64_t ra, int64_t n, int64_t inner, T* b, int6
   }
 }
 
+// Asks for the cache line holding p, into L1 (kIntoL1) or L2. An asm statement rather than
+// __builtin_prefetch: GCC takes a function whose only effect is __builtin_prefetch for a pure
+// one and drops the calls to it, so every prefetch of the helpers below (Prefetch,
+// GroupPrefetch, PrefetchRuns) was missing from the built kernel until 2026-11-25.
+constexpr bool kIntoL1 = true;
+template <bool IntoL1>
+inline __attribute__((always_inline)) void PrefetchLine(const void* p) {
+#if defined(__x86_64__)
+  if constexpr (IntoL1) {
+    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+  } else {
+    asm volatile("prefetcht2 %0" : : "m"(*static_cast<const char*>(p)));
+  }
+#else
+  __builtin_prefetch(p, 0, IntoL1 ? 3 : 1);
+#endif
+}
+
 // Asks for the lines of `runs` runs of `bytes` bytes, the first at p, the others `apart`
 // values after it, into L2 (a CQ tile's chunks: more streams than the hardware prefetchers
 // follow).
@@ -269,7 +288,7 @@ template <typename T>
 void PrefetchRuns(const T* p, int64_t runs, int64_t apart, int64_t bytes) {
   for (int64_t j = 0; j < runs; ++j) {
     const char* run = reinterpret_cast<const char*>(p + j * apart);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(run + b, 0, 1);
+    for (int64_t b = 0; b < bytes; b += 64) PrefetchLine<!kIntoL1>(run + b);
   }
 }
 
@@ -295,6 +314,7 @@ class RowReader {
       GroupPrefetch(0, kGroupAhead);
     } else if (lanes_.lane > 1 && row_ == 1) {
       Prefetch(0, kAhead);
+      for (int64_t k = 0; k < kNear; ++k) NearPrefetch(k * kRows);
     }
   }
 
@@ -328,8 +348,22 @@ class RowReader {
     for (int64_t s = 0; s < w_; ++s) {
       const char* lane = reinterpret_cast<const char*>(base_ + s * lanes_.lane + i0);
       for (int64_t b = 0; b < rows * static_cast<int64_t>(sizeof(T)); b += 64) {
-        __builtin_prefetch(lane + b, 0, 1);
+        PrefetchLine<!kIntoL1>(lane + b);
       }
+    }
+  }
+
+  // The lines of each lane's block of kRows rows from row i0 (rows 1 apart), into L1. Lines
+  // asked into L2 only (Prefetch) still stalled the transposes that read them: a float32 solve
+  // of one system of 10^7 rows took 42 ms without these, 28 ms with them, and 100 000
+  // batch-first systems of 100 rows (tiles of 32) 4.7 -> 3.4 ns a value on one core (2-core
+  // Zen 3, AVX2).
+  void NearPrefetch(int64_t i0) const {
+    if (i0 >= len_) return;
+    const int64_t bytes = std::min(kRows, len_ - i0) * static_cast<int64_t>(sizeof(T));
+    for (int64_t s = 0; s < w_; ++s) {
+      const char* lane = reinterpret_cast<const char*>(base_ + s * lanes_.lane + i0);
+      for (int64_t b = 0; b < bytes; b += 64) PrefetchLine<kIntoL1>(lane + b);
     }
   }
 
@@ -347,6 +381,7 @@ class RowReader {
       return;
     }
     int64_t s0 = 0;
+    if (row_ == 1) NearPrefetch(i0 + kNear * kRows);
     if (row_ == 1 && rows == kRows) {
       Prefetch(i0 + kAhead, kRows);
       for (; s0 + kBlock <= w_; s0 += kBlock) {
@@ -919,10 +954,12 @@ enum Mode : int64_t { kSolve = 0, kEnds = 1, kChunkSolve = 2 };
 template <typename T>
 class Solver {
  public:
+  // `scan`: whole contiguous lanes (Q == 1) of a kSolve scanned one at a time (the planner's
+  // choice: tridiax/_planner.py, `scanned`); otherwise they go by tiles of rows.
   Solver(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
-         bool transposed, int64_t kind, int64_t mode, bool periodic)
+         bool transposed, int64_t kind, int64_t mode, bool periodic, bool scan = true)
       : g_(g), outs_{outs[0], outs[1], outs[2], outs[3], outs[4], outs[5]}, transposed_(transposed),
-        kind_(kind), mode_(mode), periodic_(periodic) {
+        kind_(kind), mode_(mode), periodic_(periodic), scan_(scan) {
     for (int k = 0; k < 4; ++k) ops_[k] = ops[k];
     if (xsep != nullptr) xsep_ = *xsep;
   }
@@ -953,11 +990,15 @@ class Solver {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
       constexpr int64_t L = ScanVector<T>::L;
-      if (g_.Q != group) return false;
+      if (g_.Q != group || (mode_ == kSolve && group == 1 && !scan_)) return false;
       if (kind_ == kFactored) return group == 1 && mode_ == kSolve && len >= 2 * L;
       if (kind_ != kThomas) return false;
       // The first sweep (kEnds) stays row by row: scanned, its three right-hand sides and the
       // sums of pi y', pi v' cost 12.4 ms against 7-9 ms for 10^7 float32 rows (2-core Zen 4).
+      // So does the last sweep of contiguous float32 chunks with 8-lane vectors (AVX2): 10^7
+      // rows took 24-25 ms row by row against 28-29 ms scanned (2-core Zen 3); float64 there,
+      // and float32 with AVX-512, scan faster.
+      if (mode_ == kChunkSolve && group == 1 && sizeof(T) == 4 && L == 8) return false;
       return mode_ == kSolve ? len * group >= 2 * L
                              : mode_ == kChunkSolve && (len - 1) * group >= 2 * L;
     }
@@ -1850,13 +1891,14 @@ class Solver {
   T* outs_[6];
   bool transposed_;
   int64_t kind_, mode_;
-  bool periodic_;
+  bool periodic_, scan_;
 };
 
 template <typename T>
 void Solve(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
-           bool transposed, int64_t kind, int64_t mode, bool periodic) {
-  RunTiles<T>(Solver<T>(ops, xsep, outs, g, transposed, kind, mode, periodic), g.P * g.N * g.Q);
+           bool transposed, int64_t kind, int64_t mode, bool periodic, bool scan = true) {
+  RunTiles<T>(Solver<T>(ops, xsep, outs, g, transposed, kind, mode, periodic, scan),
+              g.P * g.N * g.Q);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2422,7 +2464,7 @@ ffi::Error Unsupported() { return ffi::Error::InvalidArgument("tridiax: unsuppor
 
 ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                       ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> x, bool transposed,
-                      int64_t kind, int64_t lanes, int64_t width) {
+                      int64_t kind, bool scan, int64_t lanes, int64_t width) {
   auto dims = x->dimensions();
   if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, N, Q)");
   const int64_t P = dims[0], N = dims[1], Q = dims[2];
@@ -2434,7 +2476,7 @@ ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer 
   const bool ok = ForType(x->element_type(), [&](auto zero) {
     using T = decltype(zero);
     T* outs[6] = {static_cast<T*>(out)};
-    Solve<T>(ops, nullptr, outs, g, transposed, kind, kSolve, false);
+    Solve<T>(ops, nullptr, outs, g, transposed, kind, kSolve, false, scan);
   });
   return ok ? ffi::Error::Success() : Unsupported();
 }
@@ -2607,6 +2649,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, ThomasImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("transposed")
                                   .Attr<int64_t>("kind")
+                                  .Attr<bool>("scan")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width"));
 
