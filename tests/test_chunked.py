@@ -300,6 +300,15 @@ def test_planner_chunks_few_long_systems_only(monkeypatch):
     assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
     assert _planner.cpu_tiling(1, 500, 1, 2000, np.float32, columns=3).lanes == "c"
+    # ... a cache line of chunks a tile for unpivoted solves (each lane's block of rows one
+    # line), two vectors of them for pivoted float32 ones and for recurrences.
+    for dtype in (np.float32, np.float64):
+        assert _planner.cpu_tiling(1, 2450, 1, 4080, dtype, columns=3) == _planner.CpuTiling(
+            "c", 64 // np.dtype(dtype).itemsize)
+    two_vectors = max(8, 2 * _planner.vector_lanes(np.float32))
+    assert _planner.cpu_tiling(1, 4900, 1, 2032, np.float32, columns=4, pivoted=True).width == (
+        two_vectors)
+    assert _planner.cpu_tiling(1, 4900, 1, 2032, np.float32, columns=0).width == two_vectors
     # Chunks of systems a few values apart: rows of 8 or 16 bytes of solves in tiles of all Q
     # lanes of a vector's worth of chunks, and rows of 32 bytes of unpivoted ones where Q
     # divides the scans' vector (their first sweep loads the runs straight into one); other

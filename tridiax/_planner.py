@@ -434,11 +434,16 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
     # Along the chunks only when they fill tiles (or there are fewer systems than chunks):
     # many systems of a few chunks each take their lanes along P.
     lanes = "c" if C > 1 and C >= min(width, P) else "p"
-    if lanes == "c" and itemsize == 8:
-        # float64 chunks: one AVX-512 vector of lanes (a cache line of each row): one system
-        # of 10^7 rows took 48 ms against 73 ms with two (2-core Zen 4; float32 is fastest
-        # with two vectors, 25 ms against 39 ms with one).
-        width = max(8, L)
+    if lanes == "c" and (itemsize == 8 or (itemsize == 4 and columns and not pivoted)):
+        # Chunks of one system: a cache line of lanes (8 float64, 16 float32 values), each
+        # lane's block of rows one line, half the streams of two AVX-512 vectors. float64: one
+        # system of 10^7 rows took 48 ms against 73 ms with two vectors (2-core Zen 4). float32
+        # solves, since the prefetches run (275a85a): 16 lanes 19.5-21.9 ms against 22.0-24.4
+        # with 32 (its first sweep 8.7-9.7 against 9.2-12.8 ms), the same process, four
+        # rounds (2-core Zen 4, AVX-512; with AVX2 two vectors are these 16 lanes). Float32
+        # recurrences (no work rows: columns == 0) keep two vectors, and so do pivoted chunks
+        # (10^7 rows: 27.1-32.0 ms in 16 lanes against 27.2-30.5 in 32, the same process).
+        width = 64 // itemsize
     # No wider than each core's share of the lanes, in whole groups of 8 where there are 8:
     # the kernel keeps `columns` work rows of the tile's width however many of them hold a
     # system, so a pivoted solve of one system of 10^7 rows in tiles of 32 lanes wrote 5 GB of

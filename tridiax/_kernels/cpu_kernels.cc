@@ -995,10 +995,12 @@ class Solver {
       if (kind_ != kThomas) return false;
       // The first sweep (kEnds) stays row by row: scanned, its three right-hand sides and the
       // sums of pi y', pi v' cost 12.4 ms against 7-9 ms for 10^7 float32 rows (2-core Zen 4).
-      // So does the last sweep of contiguous float32 chunks with 8-lane vectors (AVX2): 10^7
-      // rows took 24-25 ms row by row against 28-29 ms scanned (2-core Zen 3); float64 there,
-      // and float32 with AVX-512, scan faster.
-      if (mode_ == kChunkSolve && group == 1 && sizeof(T) == 4 && L == 8) return false;
+      // So does the last sweep of contiguous float32 chunks: 10^7 rows took 24-25 ms row by
+      // row against 28-29 ms scanned with 8-lane vectors (2-core Zen 3, AVX2), and with
+      // 16-lane ones, in tiles of 16 chunks, 19.5-22.5 against 20.6-22.7 ms (2-core Zen 4,
+      // AVX-512, the same process, eight rounds). float64 scans faster (38.8-40.8 against
+      // 41.4-42.8 ms there).
+      if (mode_ == kChunkSolve && group == 1 && sizeof(T) == 4) return false;
       return mode_ == kSolve ? len * group >= 2 * L
                              : mode_ == kChunkSolve && (len - 1) * group >= 2 * L;
     }
