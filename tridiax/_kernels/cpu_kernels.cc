@@ -984,8 +984,9 @@ class Solver {
 
   // Whether lanes of `len` rows are scanned in vector registers (ScanThomasLane,
   // ScanFactoredLane): plain and factored solves of contiguous real rows, and the last sweep of
-  // the partition method over contiguous chunks (one long system), with two vectors of values
-  // at least (shorter ones sweep faster a tile at a time); `group` lanes at a time (Group).
+  // the partition method over contiguous float64 chunks (one long system), with two vectors of
+  // values at least (shorter ones sweep faster a tile at a time); `group` lanes at a time
+  // (Group).
   bool Scanned(int64_t len, int64_t group = 1) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
