@@ -8,6 +8,8 @@ kernel must never read; the independent references get the clean matrices.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,10 +161,22 @@ def native(ab, b, l, u, kind, transposed, dtype=None):
     return np.array(out)
 
 
+@functools.cache
+def _xla_solver(l, u, kind, transposed, dtype, shapes):
+    """The XLA formulation compiled once per options and shapes, unoptimized (eagerly, its
+    loops compile at every call; optimized, a wide band takes seconds)."""
+    fn = functools.partial(_xla_banded.solve_pnq, l=l, u=u, kind=kind, transposed=transposed,
+                           out_dtype=dtype)
+    args = [jax.ShapeDtypeStruct(shape, kind_) for shape, kind_ in shapes]
+    options = {"xla_backend_optimization_level": 0}
+    return jax.jit(fn).lower(*args).compile(compiler_options=options)
+
+
 def xla(ab, b, l, u, kind, transposed, dtype=None):
-    out = _xla_banded.solve_pnq(jnp.asarray(ab), jnp.asarray(b), l=l, u=u, kind=kind,
-                                transposed=transposed, out_dtype=dtype or b.dtype)
-    return np.asarray(out)
+    args = (jnp.asarray(ab), jnp.asarray(b))
+    shapes = tuple((a.shape, a.dtype) for a in args)
+    solver = _xla_solver(l, u, kind, transposed, np.dtype(dtype or b.dtype), shapes)
+    return np.asarray(solver(*args))
 
 
 def assert_close(got, want, tol):

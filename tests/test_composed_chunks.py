@@ -292,9 +292,9 @@ def test_chunked_solve_end_to_end_matches_scipy(shape, m, transposed, periodic, 
     kernels = _backend.kernels(backend)
     l, d, u, b = dominant([shape] * 4, dtype, seed=m)
     kind = "periodic" if periodic else "thomas"
-    x = _chunked.solve_any(kernels, l, d, u, b, plan=_planner.Plan(m, None),
-                           transposed=transposed, kind=kind, out_dtype=dtype,
-                           replan=replan(periodic))
+    x = jax.jit(functools.partial(_chunked.solve_any, kernels, plan=_planner.Plan(m, None),
+                                  transposed=transposed, kind=kind, out_dtype=dtype,
+                                  replan=replan(periodic)))(l, d, u, b)
     want = reference_solve(l, d, u, b, transposed=transposed, periodic=periodic)
     assert x.dtype == np.dtype(dtype)
     err = np.max(np.abs(np.asarray(x, np.float64) - want)) / np.max(np.abs(want))
@@ -330,7 +330,8 @@ def test_chunked_recurrence_end_to_end_matches_numpy(reverse, shifted, backend):
     def plan(P, C, Q):
         return _planner.Plan(3 if C >= 8 else 0, None)
 
-    h = _chunked.recurrence_any(kernels, a, x, h0, plan=_planner.Plan(m, None), reverse=reverse,
-                                shifted=shifted, final_only=False, gate=None, replan=plan)
+    h = jax.jit(functools.partial(
+        _chunked.recurrence_any, kernels, plan=_planner.Plan(m, None), reverse=reverse,
+        shifted=shifted, final_only=False, gate=None, replan=plan))(a, x, h0)
     want = numpy_recurrence(a, x, h0, reverse=reverse, shifted=shifted)
     assert np.max(np.abs(np.asarray(h) - want)) / np.max(np.abs(want)) < 1e-12
