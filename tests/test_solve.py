@@ -260,15 +260,22 @@ def test_compile_time_flat_in_n(monkeypatch):
 # forced; 37 systems: a whole tile and a part of one), sizes around the vector length (8 or
 # 16 rows) and the transposes' blocks (16 rows), operands broadcast along either axis, the
 # transposed solve (the gradient w.r.t. rhs is A^{-T} x_bar), and matrices that are far from
-# diagonally dominant (exact powers of two in the rescaling, pivots near 0). The two paths are
-# the native kernel's; the other backends have one, run once (on 5 systems).
-@pytest.mark.parametrize("backend, path", [(b, path) for b in backends()
-                                           for path in (("scanned", "tiles") if b == "native"
-                                                        else ("scanned",))])
+# diagonally dominant (exact powers of two in the rescaling, pivots near 0). The paths and the
+# sizes are the native kernel's; the other backends run one path (5 systems) at odd sizes.
+BATCH_FIRST_SIZES = (8, 15, 16, 17, 31, 32, 33, 100, 1001)
+
+
+def _batch_first_cases(paths):
+    """(backend, path, n): every path and size for the native kernel, else one path, odd n."""
+    return [(b, path, n) for b in backends()
+            for path in (paths if b == "native" else paths[:1])
+            for n in (BATCH_FIRST_SIZES if b == "native" else (15, 33, 1001))]
+
+
+@pytest.mark.parametrize("backend, path, n", _batch_first_cases(("scanned", "tiles")))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("n", [8, 15, 16, 17, 31, 32, 33, 100, 1001])
 @pytest.mark.parametrize("shared", ["none", "lower_by_all", "diag_per_system", "upper_scalar"])
-def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, dtype, n, shared,
+def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, n, dtype, shared,
                                                               monkeypatch):
     monkeypatch.setattr(_planner, "_rows_by_tiles", lambda P, N, dtype: path == "tiles")
     P = 5 if path == "scanned" else 37
@@ -293,11 +300,11 @@ def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, dty
 # Factored solves of batch-first systems are scanned too (cpu_kernels.cc, ScanFactoredLane: two
 # linear scans over the stored factors): every size around the vector length, factors shared by
 # every system or of one system each, and the transposed solve behind the gradient w.r.t. rhs.
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend, path, n", _batch_first_cases(("scanned",)))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("n", [8, 15, 16, 17, 31, 32, 33, 100, 1001])
 @pytest.mark.parametrize("shared", [False, True], ids=["per_system", "shared"])
-def test_batch_first_factored_every_size_and_transposed(backend, dtype, n, shared):
+def test_batch_first_factored_every_size_and_transposed(backend, path, n, dtype, shared):
+    del path  # one path: the factored scan
     P = 5
     bands = random_bands((P, n), np.float64, seed=n + 1)
     if shared:
