@@ -382,11 +382,20 @@ def test_planner_scans_only_where_the_built_kernel_can(monkeypatch):
     plan = dict(kind="thomas", backend="native", platform="cpu")
     assert _planner.scanned(5000, 1, "thomas", np.float32)
     assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
+    # Many short float32 systems go by tiles of ROWS_TILE_VECTORS vectors of systems, with
+    # 8-lane vectors and 16-lane ones alike; float64 and long float32 systems are scanned.
+    tiles = _planner.CpuTiling("p", _planner.ROWS_TILE_VECTORS * _planner.vector_lanes(np.float32))
+    assert _planner.solve_plan("native", "cpu", 100_000, 100, 1, np.float32,
+                               kind="thomas").tiling == tiles
+    assert _planner.scanned(100, 1, "thomas", np.float64, P=100_000)
+    assert _planner.scanned(5000, 1, "thomas", np.float32, P=100_000)
     # A kernel built without the scans (no AVX2, an older compiler, another architecture):
     # the same systems go row by row, in tiles whose work rows outgrow the cache: chunked.
     monkeypatch.setattr(_native, "scan_rows", lambda itemsize: 0)
     assert not _planner.scanned(5000, 1, "thomas", np.float32)
     assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) > 0
+    assert not _planner.solve_plan("native", "cpu", 100_000, 100, 1, np.float32,
+                                   kind="thomas").tiling == tiles
     assert _planner.solve_plan("native", "cpu", 2000, 500, 1, np.float32,
                                kind="thomas").tiling.width >= 8
 

@@ -255,9 +255,9 @@ def test_compile_time_flat_in_n(monkeypatch):
 
 # Batch-first systems (rows contiguous, the last axis): the native kernel scans each system's
 # rows inside vector registers (cpu_kernels.cc, ScanThomasLane), or, for many short float32
-# systems with 8-lane vectors (`_planner._rows_by_tiles`), sweeps tiles of 32 systems row by
-# row, their rows moved by 8x8 transposes. Both paths on every machine (the planner's choice
-# forced; 37 systems: a whole tile and a part of one), sizes around the vector length (8 or
+# systems (`_planner._rows_by_tiles`), sweeps tiles of four vectors of systems row by row, their
+# rows moved by 8x8 transposes. Both paths on every machine (the planner's choice forced; a
+# whole tile and 5 systems of another), sizes around the vector length (8 or
 # 16 rows) and the transposes' blocks (16 rows), operands broadcast along either axis, the
 # transposed solve (the gradient w.r.t. rhs is A^{-T} x_bar), and matrices that are far from
 # diagonally dominant (exact powers of two in the rescaling, pivots near 0). The paths and the
@@ -278,7 +278,7 @@ def _batch_first_cases(paths):
 def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, n, dtype, shared,
                                                               monkeypatch):
     monkeypatch.setattr(_planner, "_rows_by_tiles", lambda P, N, dtype: path == "tiles")
-    P = 5 if path == "scanned" else 37
+    P = 5 if path == "scanned" else _planner.ROWS_TILE_VECTORS * _planner.vector_lanes(dtype) + 5
     shapes = [(P, n)] * 4
     shapes[{"none": 0, "lower_by_all": 0, "diag_per_system": 1, "upper_scalar": 2}[shared]] = {
         "none": (P, n), "lower_by_all": (1, n), "diag_per_system": (P, 1), "upper_scalar": (1, 1),

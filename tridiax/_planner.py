@@ -60,9 +60,10 @@ MIN_CHUNK = 16
 CHUNK_ROW_BYTES = 16384
 # Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
 MIN_CHUNKED_WORK = 1 << 16
-# Vectors of systems per tile where batch-first float32 systems go by tiles of rows with 8-lane
-# vectors (`_rows_by_tiles`): four chains of divisions in flight. 100 000 systems of 100 rows,
-# one core: 3.4, 3.1, 2.8, 2.75 ns a value with tiles of 16, 24, 32, 48 (2-core Zen 3).
+# Vectors of systems per tile where batch-first float32 systems go by tiles of rows
+# (`_rows_by_tiles`): four chains of divisions in flight. 100 000 systems of 100 rows, one core:
+# 3.4, 3.1, 2.8, 2.75 ns a value with tiles of 16, 24, 32, 48 (2-core Zen 3, AVX2); both cores,
+# 15.8-16.1, 14.0-14.1, 14.1, 14.4-14.7 ms with tiles of 16, 32, 64, 128 (2-core Zen 4, AVX-512).
 ROWS_TILE_VECTORS = 4
 
 
@@ -193,7 +194,7 @@ def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0, P: int = 1) -> 
     """Whether the native kernel scans each system's rows inside vector registers, one system
     at a time (cpu_kernels.cc, ScanThomasLane and ScanFactoredLane): plain and factored solves
     of whole real systems of at least two vectors of rows, contiguous (Q == 1), where the
-    built kernel has the scans, but for short float32 Thomas systems with 8-lane vectors
+    built kernel has the scans, but for many short float32 Thomas systems
     (`_rows_by_tiles`)."""
     if Q != 1 or kind not in ("thomas", "factored") or chunk:
         return False
@@ -206,11 +207,12 @@ def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0, P: int = 1) -> 
 def _rows_by_tiles(P: int, N: int, dtype) -> bool:
     """Whether P batch-first float32 systems of N rows sweep faster a tile of rows at a time
     (tiles of ROWS_TILE_VECTORS vectors of systems, rows moved by 8x8 transposes) than scanned
-    one at a time: with 8-lane vectors (AVX2) the scan's shuffles cost more than the
-    transposes, while every core gets a whole tile and a tile's two work rows stay in its
-    cache. 100 000 systems of 100 rows: 21.3 ms scanned against 17.0-17.5 ms by tiles of 32 (2-core
-    Zen 3); with AVX-512 (16 lanes) the scan ran at 1.9x the memory floor and stays."""
-    if jnp.dtype(compute_dtype(dtype)) != jnp.float32 or _scan_rows(dtype) != 8:
+    one at a time: the scan's shuffles cost more than the transposes while every core gets a
+    whole tile and a tile's two work rows stay in its cache. 100 000 systems of 100 rows:
+    21.3 ms scanned against 17.0-17.5 ms by tiles of 32 (2-core Zen 3, AVX2); 17.0 against 14.1
+    ms by tiles of 64 (2-core Zen 4, AVX-512), and by tiles at every N from 25 to 1 000 (3-17%
+    faster). Only where the built kernel scans (else both go row by row anyway)."""
+    if jnp.dtype(compute_dtype(dtype)) != jnp.float32 or _scan_rows(dtype) == 0:
         return False
     width = ROWS_TILE_VECTORS * vector_lanes(dtype)
     return P >= cpu_cores() * width and 2 * N * width * 4 <= cpu_cache_bytes()
