@@ -98,6 +98,14 @@ def numpy_loop(a, x, axis=0, reverse=False, initial=None, activation=lambda v: v
     return np.moveaxis(out, 0, axis)
 
 
+def compile_unoptimized(fn, *args, **options):
+    """jax.jit(fn) compiled for arrays like `args` at XLA's optimization level 0 (plus any
+    other compiler `options`): a loop-heavy reference compiles in a fraction of the time, and
+    runs as often as a test needs without compiling again."""
+    return jax.jit(fn).lower(*args).compile(
+        compiler_options={"xla_backend_optimization_level": 0, **options})
+
+
 def wide(dtype):
     """The float64/complex128 dtype the references compute in."""
     return np.complex128 if np.issubdtype(np.dtype(dtype), np.complexfloating) else np.float64

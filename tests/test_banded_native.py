@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from helpers import wide
+from helpers import compile_unoptimized, wide
 
 from tridiax._kernels import _native, _xla_banded
 
@@ -167,9 +167,7 @@ def _xla_solver(l, u, kind, transposed, dtype, shapes):
     loops compile at every call; optimized, a wide band takes seconds)."""
     fn = functools.partial(_xla_banded.solve_pnq, l=l, u=u, kind=kind, transposed=transposed,
                            out_dtype=dtype)
-    args = [jax.ShapeDtypeStruct(shape, kind_) for shape, kind_ in shapes]
-    options = {"xla_backend_optimization_level": 0}
-    return jax.jit(fn).lower(*args).compile(compiler_options=options)
+    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in shapes))
 
 
 def xla(ab, b, l, u, kind, transposed, dtype=None):

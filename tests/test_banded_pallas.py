@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from helpers import triton_kernels
+from helpers import compile_unoptimized, triton_kernels
 
 from tridiax._kernels import _pallas_banded, _xla_banded
 from tridiax._kernels._pallas_tiles import Tiles
@@ -40,7 +40,7 @@ TOL_XLA, TOL_SCIPY = 10, 20
 
 
 def _compiled(fn, *args):
-    compiled = jax.jit(fn).lower(*args).compile(compiler_options={"xla_backend_optimization_level": 0})
+    compiled = compile_unoptimized(fn, *args)
     return lambda *a: np.asarray(compiled(*(jnp.asarray(x) for x in a)))
 
 

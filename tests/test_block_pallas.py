@@ -24,13 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import triton_kernels
+from helpers import compile_unoptimized, triton_kernels
 
 from tridiax._kernels import _pallas_block, _xla_block
 from tridiax._kernels._pallas_tiles import Tiles
 
 P, Q = 2, 5  # Q = 5 is not a multiple of the default tile (8 or more): the tile is ragged
-CPU_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 # Errors per system, relative to its largest |x|, in units of eps * cond(A): against the XLA
 # formulation (the same operations, up to complex division and fused rounding) and a dense
@@ -39,8 +38,8 @@ TOL_XLA, TOL_DENSE = 10, 20
 
 
 def _compiled(fn, *args):
-    compiled = jax.jit(fn).lower(*(jnp.asarray(a) for a in args)).compile(
-        compiler_options=CPU_OPTIONS)
+    compiled = compile_unoptimized(fn, *(jnp.asarray(a) for a in args),
+                                   xla_cpu_use_fusion_emitters=False)
     return lambda *a: np.asarray(compiled(*(jnp.asarray(x) for x in a)))
 
 

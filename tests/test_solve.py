@@ -300,11 +300,10 @@ def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, n, 
 # Factored solves of batch-first systems are scanned too (cpu_kernels.cc, ScanFactoredLane: two
 # linear scans over the stored factors): every size around the vector length, factors shared by
 # every system or of one system each, and the transposed solve behind the gradient w.r.t. rhs.
-@pytest.mark.parametrize("backend, path, n", _batch_first_cases(("scanned",)))
+@pytest.mark.parametrize("backend, n", [(b, n) for b, _, n in _batch_first_cases(("scanned",))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shared", [False, True], ids=["per_system", "shared"])
-def test_batch_first_factored_every_size_and_transposed(backend, path, n, dtype, shared):
-    del path  # one path: the factored scan
+def test_batch_first_factored_every_size_and_transposed(backend, n, dtype, shared):
     P = 5
     bands = random_bands((P, n), np.float64, seed=n + 1)
     if shared:
