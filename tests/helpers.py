@@ -191,3 +191,82 @@ def factors_by_loop(lo, di, up, axis):
         l[i] = lo[i] * m[i - 1] if i else 0
         c[i] = up[i] * m[i] if i < lo.shape[0] - 1 else 0
     return tuple(np.moveaxis(v, 0, axis) for v in (l, m, c))
+
+
+# The systems PDE users solve, for the accuracy tests and benchmarks/bench_accuracy.py. Each
+# gives (lower, diag, upper) of shape (batch, n), float64 (complex128 for "schrodinger").
+PDE_SYSTEMS = ("poisson", "poisson_shifted", "heat_1", "heat_1e2", "heat_1e4", "upwind", "spline",
+               "schrodinger")
+PERIODIC_SYSTEMS = ("ring_heat_1e2", "ring_shifted", "ring_spline")
+
+
+def pde_bands(name: str, n: int, batch: int = 1, *, seed: int = 0):
+    """Bands of `batch` systems of n rows:
+
+    - "poisson": the Dirichlet Laplacian (2, -1), condition ~ n^2;
+    - "poisson_shifted": (2 + 1e-6, -1), nearly singular (condition ~ 4e6 for long systems);
+    - "heat_<r>": an implicit Euler heat step I - r D2, (1 + 2r, -r);
+    - "upwind": an implicit step of advection-diffusion u_t + u_x = 1e-2 u_xx on [0, 1], upwind
+      differences, dt = 1e-2: a nonsymmetric M-matrix;
+    - "spline": natural cubic spline knots with uneven spacings h in [0.01, 1] (a different
+      draw per system): (h[i-1], 2 (h[i-1] + h[i]), h[i]);
+    - "schrodinger": Crank-Nicolson for i u_t = -u_xx, (1 + 10i, -5i), complex;
+    - periodic rings (corners lower[0], upper[n-1]): "ring_heat_1e2" (a heat step, r = 1e2),
+      "ring_shifted" ((2 + 1e-4, -1), nearly singular), "ring_spline" (a periodic spline with
+      uneven spacings).
+    """
+    rng = np.random.default_rng(seed)
+    full = (batch, n)
+    ring = name.startswith("ring_")
+    base = name[len("ring_"):] if ring else name
+    if base == "poisson":
+        lower, diag = np.full(full, -1.0), np.full(full, 2.0)
+        upper = lower.copy()
+    elif base in ("poisson_shifted", "shifted"):
+        lower, diag = np.full(full, -1.0), np.full(full, 2.0 + (1e-4 if ring else 1e-6))
+        upper = lower.copy()
+    elif base.startswith("heat_"):
+        r = float(base[len("heat_"):])
+        lower, diag = np.full(full, -r), np.full(full, 1 + 2 * r)
+        upper = lower.copy()
+    elif base == "upwind":
+        h, dt, D, v = 1.0 / n, 1e-2, 1e-2, 1.0
+        lower = np.full(full, -dt * (D / h**2 + v / h))
+        upper = np.full(full, -dt * D / h**2)
+        diag = 1 - lower - upper
+    elif base == "spline":
+        h = rng.uniform(0.01, 1.0, (batch, n + 1))
+        if ring:
+            h[:, n] = h[:, 0]  # the spacing that wraps around
+        lower, upper = h[:, :-1].copy(), h[:, 1:].copy()
+        diag = 2 * (h[:, :-1] + h[:, 1:])
+    elif base == "schrodinger":
+        lower, diag = np.full(full, -5j), np.full(full, 1 + 10j)
+        upper = lower.copy()
+    else:
+        raise ValueError(f"unknown system {name!r}")
+    return lower, diag, upper
+
+
+def pde_rhs(shape, dtype, *, seed: int = 1):
+    """A random right-hand side of `shape` (standard normal parts) in `dtype`."""
+    rng = np.random.default_rng(seed)
+    b = rng.standard_normal(shape)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        b = b + 1j * rng.standard_normal(shape)
+    return b.astype(dtype)
+
+
+def truth_dtype(dtype):
+    """A dtype whose sequential sweep is exact for errors measured in `dtype`: float64 for
+    float32, NumPy's long double (80-bit on x86-64) for float64, and likewise for complex."""
+    return {np.dtype(np.float32): np.float64, np.dtype(np.complex64): np.complex128,
+            np.dtype(np.float64): np.longdouble,
+            np.dtype(np.complex128): np.clongdouble}[np.dtype(dtype)]
+
+
+def relative_error(x, truth) -> float:
+    """||x - truth|| / ||truth|| over the whole array, in the truth's precision."""
+    truth = np.asarray(truth)
+    x = np.asarray(x).astype(truth.dtype)
+    return float(np.linalg.norm((x - truth).ravel()) / np.linalg.norm(truth.ravel()))

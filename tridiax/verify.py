@@ -1,7 +1,11 @@
-"""Independent references for checking tridiax: SciPy's banded LAPACK solver and residuals.
+"""Independent references for checking tridiax: SciPy's banded LAPACK solver, the sequential
+Thomas sweep, and residuals.
 
-Everything here runs in NumPy on the host in float64 (complex128 for complex input), one
-system at a time: slow, simple and independent of the kernels it checks.
+Everything here runs in NumPy on the host: slow, simple and independent of the kernels it
+checks. The SciPy references work in float64 (complex128 for complex input), one system at a
+time; `sequential_solve` sweeps every system row after row in a precision of your choice (the
+inputs' own, to measure what a solver loses against the plain sweep; a wider one, such as
+`np.longdouble`, as the exact answer).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import numpy as np
 import scipy.linalg
 
 __all__ = ["reference_solve", "reference_solve_banded", "reference_solve_block_tridiagonal",
-           "relative_residual"]
+           "relative_residual", "sequential_solve"]
 
 
 def _systems(arrays, axis: int):
@@ -90,6 +94,136 @@ def reference_solve(lower, diag, upper, rhs, *, axis: int = -1, periodic: bool =
         x[s] = scipy.linalg.solve_banded((1, 1), _banded(lo[s], di[s], up[s]), b[s])
     moved = x.reshape(tuple(np.delete(shape, axis)) + (n,))
     return np.moveaxis(moved, -1, axis)
+
+
+def sequential_solve(lower, diag, upper, rhs, *, axis: int = -1, dtype=None,
+                     periodic: bool = False, pivoting: bool = False) -> np.ndarray:
+    r"""Solve every system by the plain sequential sweep, row after row, every operation
+    rounded in `dtype`: the accuracy every tridiax solve is measured against.
+
+    Same conventions as `tridiax.solve_tridiagonal` (`tridiax.solve_periodic_tridiagonal`
+    with `periodic=True`). Without pivoting, the Thomas algorithm in its textbook form, which
+    divides by each pivot (LAPACK's gtsv computes the same when it exchanges no rows):
+
+        p[i] = diag[i] - lower[i] c[i-1],  c[i] = upper[i] / p[i],
+        y[i] = (rhs[i] - lower[i] y[i-1]) / p[i],  x[i] = y[i] - c[i] x[i+1].
+
+    With `pivoting=True`, Gaussian elimination with partial pivoting in LAPACK gtsv's order
+    (the larger of |pending pivot| and |lower[i+1]| is the pivot; |Re| + |Im| for complex).
+    Periodic systems by Sherman-Morrison, A = T' + u v^T, with the split of
+    `tridiax.solve_periodic_tridiagonal` (gamma = -sign(d[0]) max(|d[0]|, |A[0, N-1]|,
+    |A[0, 1]|)), T' eliminated by the same sweep for b and u.
+
+    **Arguments:**
+
+    - `lower`, `diag`, `upper`, `rhs`: broadcast together; the systems lie along `axis`.
+    - `dtype`: the precision of every operation (default: the inputs' common dtype, at least
+      float32). A wider dtype (`np.longdouble`, `np.clongdouble`) gives a reference for the
+      error of float64 solves.
+    - `periodic`, `pivoting`: as in tridiax.
+
+    **Returns:** a NumPy array of the broadcast shape in `dtype`.
+    """
+    arrays = [np.asarray(a) for a in (lower, diag, upper, rhs)]
+    if dtype is None:
+        dtype = np.result_type(*arrays, np.float32)
+    dtype = np.dtype(dtype)
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    if not shape:
+        raise ValueError("inputs are 0-d; a tridiagonal system needs an axis to lie along.")
+    axis = axis % len(shape)
+    lo, di, up, b = (np.moveaxis(np.broadcast_to(a, shape), axis, -1).astype(dtype)
+                     for a in arrays)
+    n = shape[axis]
+    if periodic and n < 3:
+        raise ValueError(f"a periodic system needs N >= 3, got N = {n}.")
+    sweep = _pivoted_sweep if pivoting else _thomas_sweep
+    if not periodic:
+        x = sweep(lo, di, up, [b])[0]
+    else:
+        x = _sherman_morrison(lo, di, up, b, sweep)
+    return np.moveaxis(x, -1, axis)
+
+
+def _thomas_sweep(lo, di, up, rhs_list):
+    """The dividing Thomas sweep along the last axis for several right-hand sides."""
+    n = di.shape[-1]
+    c = np.empty(np.broadcast_shapes(lo.shape, di.shape, up.shape), di.dtype)
+    ys = [np.empty(np.broadcast_shapes(c.shape, r.shape), di.dtype) for r in rhs_list]
+    pivot = di[..., 0]
+    c[..., 0] = up[..., 0] / pivot if n > 1 else 0
+    for y, r in zip(ys, rhs_list):
+        y[..., 0] = r[..., 0] / pivot
+    for i in range(1, n):
+        pivot = di[..., i] - lo[..., i] * c[..., i - 1]
+        c[..., i] = up[..., i] / pivot if i < n - 1 else 0
+        for y, r in zip(ys, rhs_list):
+            y[..., i] = (r[..., i] - lo[..., i] * y[..., i - 1]) / pivot
+    for y in ys:
+        for i in range(n - 2, -1, -1):
+            y[..., i] = y[..., i] - c[..., i] * y[..., i + 1]
+    return ys
+
+
+def _size(v):
+    """LAPACK's pivot measure: |v|, |Re v| + |Im v| for complex v."""
+    return np.abs(v.real) + np.abs(v.imag) if np.iscomplexobj(v) else np.abs(v)
+
+
+def _pivoted_sweep(lo, di, up, rhs_list):
+    """Gaussian elimination with partial pivoting in LAPACK gtsv's order, several right-hand
+    sides, along the last axis."""
+    n = di.shape[-1]
+    shape = np.broadcast_shapes(lo.shape, di.shape, up.shape)
+    zero = np.zeros(shape[:-1], di.dtype)
+    pivots, u1, u2 = (np.empty(shape, di.dtype) for _ in range(3))
+    ys = [np.empty(np.broadcast_shapes(shape, r.shape), di.dtype) for r in rhs_list]
+    pa = np.broadcast_to(di[..., 0], shape[:-1]).copy()  # pending row: columns i, i+1 | rhs
+    pc = np.broadcast_to(up[..., 0], shape[:-1]).copy() if n > 1 else zero
+    pf = [np.broadcast_to(r[..., 0], y.shape[:-1]).copy() for r, y in zip(rhs_list, ys)]
+    for i in range(n - 1):
+        l, d = lo[..., i + 1], di[..., i + 1]
+        u = up[..., i + 1] if i + 2 < n else zero
+        swap = _size(l) > _size(pa)
+        pivot = np.where(swap, l, pa)
+        m = np.where(swap, pa, l) / pivot
+        k1, k2 = np.where(swap, d, pc), np.where(swap, u, zero)
+        o1, o2 = np.where(swap, pc, d), np.where(swap, zero, u)
+        pivots[..., i], u1[..., i], u2[..., i] = pivot, k1, k2
+        pa, pc = o1 - m * k1, o2 - m * k2
+        for k, (r, y) in enumerate(zip(rhs_list, ys)):
+            b = r[..., i + 1]
+            y[..., i] = np.where(swap, b, pf[k])
+            pf[k] = np.where(swap, pf[k], b) - m * y[..., i]
+    for k, y in enumerate(ys):
+        y[..., n - 1] = pf[k] / pa
+        for i in range(n - 2, -1, -1):
+            t = y[..., i] - u1[..., i] * y[..., i + 1]
+            if i + 2 < n:
+                t = t - u2[..., i] * y[..., i + 2]
+            y[..., i] = t / pivots[..., i]
+    return ys
+
+
+def _sherman_morrison(lo, di, up, b, sweep):
+    """Periodic systems: A = T' + u v^T, u = (gamma, 0, ..., beta), v = (1, 0, ...,
+    alpha/gamma), T' the tridiagonal part with its ends changed."""
+    n = di.shape[-1]
+    alpha, beta, d0 = lo[..., 0], up[..., n - 1], di[..., 0]
+    size = np.maximum(np.maximum(_size(d0), _size(alpha)), _size(up[..., 0]))
+    mag = np.abs(d0)
+    direction = np.where(mag > 0, d0 / np.where(mag > 0, mag, 1), 1)
+    gamma = -(direction * size).astype(di.dtype)
+    shape = np.broadcast_shapes(lo.shape, di.shape, up.shape)
+    di = np.broadcast_to(di, shape).copy()
+    di[..., 0] = d0 - gamma
+    di[..., n - 1] = di[..., n - 1] - alpha * beta / gamma
+    u = np.zeros(shape, di.dtype)
+    u[..., 0], u[..., n - 1] = gamma, beta
+    y, z = sweep(lo, di, up, [b, u])
+    kappa = alpha / gamma
+    f = (y[..., 0] + kappa * y[..., n - 1]) / (1 + z[..., 0] + kappa * z[..., n - 1])
+    return y - f[..., None] * z
 
 
 def relative_residual(lower, diag, upper, x, rhs, *, axis: int = -1) -> np.ndarray:
