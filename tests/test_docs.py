@@ -85,3 +85,94 @@ def test_benchmarks_readme_is_a_guide_for_users():
         assert "**Conclusion" in section, f"{script}: no conclusion"
     for phrase in ("issue", "lent to", "/tmp", "this session"):  # no development log
         assert phrase not in text.lower(), phrase
+
+
+def test_scipy_banded_layout_conversion_in_the_docstring():
+    # A user passed scipy's rows straight in (ab[2], ab[1], ab[0]) and got a 22% error: the
+    # docstring says how scipy's `ab` maps to the bands, and its conversion gives scipy's x.
+    import numpy as np
+    import scipy.linalg
+
+    doc = inspect.getdoc(tridiax.solve_tridiagonal)
+    conversion = next(line for line in doc.splitlines()
+                      if line.startswith("lower, diag, upper = ") and "ab[" in line).split("#")[0]
+    mapping = re.findall(r"`(ab\[[^`]+\])` is `(\w+(?:\[[^`]+\])?)`", " ".join(doc.split()))
+    assert {name.split("[")[0] for _, name in mapping} == {"lower", "diag", "upper"}, mapping
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 33):
+        ab = rng.standard_normal((3, n))
+        ab[1] += 4.0
+        b = rng.standard_normal(n)
+        bands = {"np": np, "ab": ab}
+        exec(conversion, bands)
+        expected = scipy.linalg.solve_banded((1, 1), ab, b)
+        x = tridiax.solve_tridiagonal(bands["lower"], bands["diag"], bands["upper"], b)
+        np.testing.assert_allclose(x, expected, rtol=1e-10, atol=1e-12)
+        for scipy_part, band in mapping:  # the prose says the same as the code
+            np.testing.assert_array_equal(eval(scipy_part, bands), eval(band, bands))
+
+
+def _benchmark_section(heading: str) -> str:
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    return next(s for s in re.split(r"^## ", text, flags=re.M) if s.startswith(heading))
+
+
+def test_periodic_pivoting_cost_agrees_with_the_benchmark():
+    # The docstring said 2.5-3.5x where the guide and the benchmark said 1.9-3.7x: every
+    # statement gives the range of the benchmark table's "/ pivoted" column.
+    section = _benchmark_section("Factor once, solve many; periodic solves")
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| (")]
+    header = next(line for line in section.splitlines() if line.startswith("| layout"))
+    column = [c.strip() for c in header.split("|")[1:-1]].index("/ pivoted")
+    ratios = [float(row[column].strip().rstrip("x")) for row in rows]
+    assert len(ratios) == 4, ratios
+    low, high = f"{min(ratios):.1f}", f"{max(ratios):.1f}"
+    doc = " ".join(inspect.getdoc(tridiax.solve_periodic_tridiagonal).split())
+    assert f"Costs {low}-{high}x a pivoted solve" in doc, doc
+    guide = " ".join((ROOT / "docs" / "guides" / "periodic.md").read_text().split())
+    assert f"it costs {low}–{high}x a pivoted plain solve" in guide
+    assert f"costs {low}–{high}x a pivoted solve" in " ".join(section.split())
+
+
+def test_cxx_default_is_the_code_s_and_the_same_everywhere():
+    # The README said `c++`, the getting-started page `c++`, else `g++`: both now name the
+    # compilers in the order _native._library_path tries them after $CXX.
+    from tridiax._kernels import _native
+
+    tried = re.findall(r'shutil\.which\("([^"]+)"\)', inspect.getsource(_native._library_path))
+    assert tried == ["c++", "g++"], tried
+    default = ", else ".join(f"`{name}`" for name in tried)
+    for page in ("README.md", "docs/getting-started.md"):
+        line = next(line for line in (ROOT / page).read_text().splitlines()
+                    if line.startswith("- `CXX`"))
+        assert f"(default: {default}, the first found on `PATH`)" in line, (page, line)
+
+
+def _readme_examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def test_readme_quick_example_says_what_dropping_axis_0_does():
+    # Without axis=0 the call is valid and solves another problem: a user dropped it. The line
+    # above the call says so, and what it says holds (checked against scipy, row by row).
+    import numpy as np
+    import scipy.linalg
+
+    quick = next(code for code in _readme_examples() if "u_new = tridiax" in code)
+    lines = quick.splitlines()
+    call = next(i for i, line in enumerate(lines) if line.startswith("u_new = "))
+    comment = lines[call - 1]
+    assert "axis=0" in lines[call] and comment.startswith("# axis=0"), comment
+    assert "each row of u" in comment and "constant-coefficient" in comment, comment
+    names = {}
+    exec(compile(quick, "README.md", "exec"), names)
+    lower, diag, upper, u = (np.asarray(names[k], np.float64) for k in ("lower", "diag", "upper", "u"))
+    dropped = np.asarray(tridiax.solve_tridiagonal(lower, diag, upper, u))  # axis=-1
+    assert dropped.shape == u.shape
+    rods = u.shape[1]
+    for i in (0, u.shape[0] // 2, u.shape[0] - 1):  # row i: one system, constant coefficients
+        ab = np.stack([np.full(rods, upper[i, 0]), np.full(rods, diag[i, 0]),
+                       np.full(rods, lower[i, 0])])
+        np.testing.assert_allclose(dropped[i], scipy.linalg.solve_banded((1, 1), ab, u[i]),
+                                   rtol=1e-5, atol=1e-6)
+    assert not np.allclose(dropped, np.asarray(names["u_new"]), rtol=1e-3)

@@ -90,3 +90,51 @@ def test_tridiax_tdma_is_itself_a_lineax_solver(pivoting):
     np.testing.assert_allclose(grads, dense, rtol=1e-10)
     with pytest.raises(ValueError, match="tridiax.TDMA needs a tridiagonal operator"):
         lx.linear_solve(lx.MatrixLinearOperator(jnp.eye(4)), jnp.ones(4), solver=solver)
+
+
+def _tridiax_objects(n=7):
+    """Each tridiax operator and factorization that a user may hand lineax, with the lineax
+    solver they would pass, the right-hand side, and the words of the advice."""
+    d, lo, up, b = _problem(n=n, seed=5)
+    lower, upper = np.concatenate([[0.0], lo]), np.concatenate([up, [0.0]])
+    tri = tridiax.Tridiagonal(lower, d, upper)
+    banded = tridiax.Banded(np.stack([upper, d, lower]), (1, 1))
+    blocks = [np.asarray(v)[:, None, None] * np.eye(2) for v in (lower, d, upper)]
+    block = tridiax.BlockTridiagonal(*blocks)
+    b2 = np.stack([b, b], axis=-1).reshape(-1)
+    return [
+        (tri, tridiax.TDMA(), b, "lineax.TridiagonalLinearOperator(diag, lower[1:], upper[:-1])"),
+        (tri.factor(), tridiax.TDMA(), b, "`F.solve(b)`"),
+        (banded, tridiax.lineax.Banded(1, 1), b, "solver=tridiax.lineax.Banded(l, u)"),
+        (banded.factor(), tridiax.lineax.Banded(1, 1), b, "`F.solve(b)`"),
+        (block, tridiax.lineax.BlockTDMA(), b2, "tridiax.lineax.BlockTridiagonalLinearOperator"),
+        (block.factor(), tridiax.lineax.BlockTDMA(), b2, "`F.solve(b)`"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6), ids=["Tridiagonal", "TridiagonalFactorization",
+                                                "Banded", "BandedFactorization",
+                                                "BlockTridiagonal",
+                                                "BlockTridiagonalFactorization"])
+def test_a_tridiax_operator_given_to_lineax_says_what_to_pass(case):
+    # It failed with "AttributeError: 'Tridiagonal' object has no attribute 'out_structure'".
+    obj, solver, b, advice = _tridiax_objects()[case]
+    name = type(obj).__name__
+    with pytest.raises(AttributeError, match=rf"^tridiax\.{name} is not a lineax operator") as info:
+        lx.linear_solve(obj, jnp.asarray(b), solver=solver)
+    assert advice in str(info.value), str(info.value)
+    assert not hasattr(obj, "in_structure")  # still absent for duck typing
+    with pytest.raises(AttributeError, match=rf"'{name}' object has no attribute 'nothing'"):
+        obj.nothing  # noqa: B018
+
+
+def test_the_advice_for_tridiagonal_gives_the_same_solution():
+    d, lo, up, b = _problem(n=9, seed=6)
+    lower, upper = np.concatenate([[0.0], lo]), np.concatenate([up, [0.0]])
+    a = tridiax.Tridiagonal(lower, d, upper)
+    # What the error says to pass: lineax.TridiagonalLinearOperator(diag, lower[1:], upper[:-1]).
+    op = lx.TridiagonalLinearOperator(a.diag, a.lower[1:], a.upper[:-1])
+    x = lx.linear_solve(op, jnp.asarray(b), solver=tridiax.TDMA()).value
+    dense = np.diag(d) + np.diag(lo, -1) + np.diag(up, 1)
+    np.testing.assert_allclose(x, np.linalg.solve(dense, b), rtol=1e-12)
+    np.testing.assert_allclose(a.solve(b), np.linalg.solve(dense, b), rtol=1e-12)

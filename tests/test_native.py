@@ -1,6 +1,7 @@
 """The native CPU kernel's first build says so, once, with where it is cached."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -40,6 +41,12 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
     built = list(cache.glob("cpu_kernels-*.so"))
     assert len(built) == 1 and str(built[0]) in notices[0], err
     assert "setLevel(logging.ERROR)" in notices[0]
+    # What the build costs on this machine's cores, and, once done, how long it took.
+    assert f"({_native._build_estimate()})" in notices[0], err
+    lines = err.splitlines()
+    done = [line for line in lines if "built the native CPU kernel in" in line]
+    assert len(done) == 1 and lines.index(done[0]) > lines.index(notices[0]), err
+    assert re.search(r"built the native CPU kernel in \d+ s$", done[0]), err
     assert "building" not in run(cache, CXX=str(compiler))  # cached: silent
     # Silenced the way the notice says (a fresh cache, so it builds again).
     fresh = tmp_path / "fresh"
@@ -70,3 +77,23 @@ def test_a_build_that_cannot_link_libmvec_builds_without_it(tmp_path):
     fallbacks = [line for line in err.splitlines() if "building without it" in line]
     assert len(fallbacks) == 1 and "no libmvec here" in fallbacks[0], err
     assert list((tmp_path / "cache").glob("cpu_kernels-*.so"))
+
+
+def test_build_notice_estimates_from_the_sources_and_the_cores(monkeypatch):
+    # The sources compile side by side, one per core: each core compiles ceil(sources / cores)
+    # of them in turn. No build runs here.
+    import math
+
+    from tridiax._kernels import _native
+
+    low, high = _native._SOURCE_SECONDS
+    for sources in (1, 3, 5):
+        monkeypatch.setattr(_native, "_SOURCES", (_native._SOURCE,) * sources)
+        for cores in (1, 2, 3, 8):
+            rounds = math.ceil(sources / cores)
+            text = _native._build_estimate(cores)
+            assert text.startswith(f"{sources} C++ source"), text
+            assert f" on {cores} core" in text, text
+            assert text.endswith(f"about {rounds * low}-{rounds * high} s"), text
+    monkeypatch.setattr(_native.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert " on 2 cores: " in _native._build_estimate()

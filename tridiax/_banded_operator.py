@@ -18,7 +18,7 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from . import _bands, _dispatch, _layout
+from . import _bands, _dispatch, _layout, _not_lineax
 from ._banded import check_bandwidths, solve
 from ._dtypes import compute_dtype
 from ._inputs import check_operator_rank, plan_of, read
@@ -89,6 +89,11 @@ class Banded(eqx.Module):
         self.band_shape = tuple(shape[1:])
 
     __hash__ = _dispatch.structural_hash
+    __getattr__ = _not_lineax.attribute_error(
+        "Solve with it directly, `A.solve(b)` (any batch, any axis). lineax.linear_solve "
+        "needs a lineax operator of one system whose matrix is banded (a "
+        "`lineax.MatrixLinearOperator`, a Jacobian, ...), with solver=tridiax.lineax.Banded(l, "
+        "u).")
     __array_ufunc__ = None
 
     def _from_end(self, name: str | None = None, rhs=None) -> int:
@@ -185,6 +190,10 @@ class BandedFactorization(eqx.Module):
     multipliers: Array
     pivots: Array
     transposed: bool = eqx.field(static=True)
+
+    __getattr__ = _not_lineax.attribute_error(
+        "Solve with it directly, `F.solve(b)`. lineax.linear_solve needs a lineax operator of "
+        "one system whose matrix is banded, with solver=tridiax.lineax.Banded(l, u).")
 
     def __init__(self, operator: Banded, *, pivoting: bool = True, transposed: bool = False,
                  _factors=None):

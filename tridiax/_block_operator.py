@@ -16,7 +16,7 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from . import _bands, _dispatch
+from . import _bands, _dispatch, _not_lineax
 from ._block import block_size, read_rhs, solve
 from ._block_primitive import to_pnq_blocks
 from ._dtypes import compute_dtype
@@ -72,6 +72,11 @@ class BlockTridiagonal(eqx.Module):
         self.axis = int(axis) % len(systems) - len(systems)
 
     __hash__ = _dispatch.structural_hash
+    __getattr__ = _not_lineax.attribute_error(
+        "Solve with it directly, `A.solve(b)` (any batch, any axis). lineax.linear_solve "
+        "needs a lineax operator: for one system of blocks (N, k, k), "
+        "`tridiax.lineax.BlockTridiagonalLinearOperator(lower, diag, upper)`, with "
+        "solver=tridiax.lineax.BlockTDMA().")
     __array_ufunc__ = None
 
     @property
@@ -182,6 +187,11 @@ class BlockTridiagonalFactorization(eqx.Module):
     pivots: Array
     e: Array
     transposed: bool = eqx.field(static=True)
+
+    __getattr__ = _not_lineax.attribute_error(
+        "Solve with it directly, `F.solve(b)`. lineax.linear_solve needs a lineax operator: "
+        "for one system of blocks (N, k, k), `tridiax.lineax.BlockTridiagonalLinearOperator("
+        "lower, diag, upper)`, with solver=tridiax.lineax.BlockTDMA().")
 
     def __init__(self, operator: BlockTridiagonal, *, pivoting: bool = True,
                  transposed: bool = False, _factors=None):

@@ -15,8 +15,9 @@ How the error is raised depends on how the call runs (`run_checked`):
 - under a transformation (jax.jit, equinox.filter_jit, vmap, grad), through
   `equinox.branched_error_if`, which is what JAX allows at run time: `equinox.filter_jit`
   shows it as a clean `EquinoxRuntimeError`, `jax.jit` inside JAX's `JaxRuntimeError`. Under
-  vmap the count is that of the worst vmapped instance. The check rides on the tangents and
-  cotangents too, so jit(grad(f)) raises even when the solution's value itself is never used.
+  vmap the message counts the systems of the whole vmapped batch (`breakdown_check_p`). The
+  check rides on the tangents and cotangents too, so jit(grad(f)) raises even when the
+  solution's value itself is never used.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax.numpy as jnp
 from jax import Array, lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from . import _bands, _dispatch
 
@@ -228,6 +231,74 @@ def _guard(x: Array, count: Array, messages: BreakdownMessages) -> Array:
     (forward mode) and, as its transpose solve, on every cotangent (reverse mode)."""
 
     def check(_, v):
-        return eqx.branched_error_if(v, count > 0, count, messages)
+        return breakdown_check_p.bind(v, count, messages=messages)
 
     return lax.custom_linear_solve(lambda v: v, x, solve=check, transpose_solve=check)
+
+
+# The check as a primitive, `x = breakdown_check_p.bind(x, count, messages=...)`: `x`,
+# raising `messages[count]` when count > 0. Equinox's branched_error_if, called inside the
+# vmapped function, sees one instance: its count (the largest over the batch) and the
+# static total of one instance's systems. This primitive's batching rule sees each vmapped
+# dimension as it is added: it sums the count over that dimension and multiplies the total
+# by its size, so the message, built only when the primitive is lowered (or evaluated),
+# counts the whole batch, whether vmap runs outside or inside jit, nested or not. A count
+# that is not batched along a vmapped dimension comes from the same systems in every
+# instance (jax.jacrev maps over the cotangents of one solve): it and the total stay.
+breakdown_check_p = Primitive("tridiax_breakdown_check")
+
+
+@breakdown_check_p.def_impl
+def _check_impl(x, count, *, messages):
+    # Evaluated on concrete values (an eager vmap evaluates the batched program op by op):
+    # the error is raised here, as eagerly (run_checked).
+    failed = int(count)
+    if failed:
+        raise BreakdownError(messages[failed])
+    return x
+
+
+@breakdown_check_p.def_abstract_eval
+def _check_abstract_eval(x, count, *, messages):
+    del count, messages
+    return x
+
+
+def _check_lowering(x, count, *, messages):
+    return eqx.branched_error_if(x, count > 0, count, messages)
+
+
+mlir.register_lowering(breakdown_check_p,
+                       mlir.lower_fun(_check_lowering, multiple_results=False))
+
+
+def _check_batch(args, dims, *, messages):
+    (x, count), (x_dim, count_dim) = args, dims
+    if count_dim is None:  # the same systems in every instance
+        return breakdown_check_p.bind(x, count, messages=messages), x_dim
+    size = count.shape[count_dim]
+    whole = dataclasses.replace(messages, total=messages.total * size)
+    count = jnp.sum(count, axis=count_dim, dtype=count.dtype)
+    return breakdown_check_p.bind(x, count, messages=whole), x_dim
+
+
+batching.primitive_batchers[breakdown_check_p] = _check_batch
+
+
+def _check_jvp(primals, tangents, *, messages):
+    (x, count), (x_dot, _) = primals, tangents
+    out = breakdown_check_p.bind(x, count, messages=messages)
+    if type(x_dot) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, breakdown_check_p.bind(x_dot, count, messages=messages)
+
+
+def _check_transpose(ct, x, count, *, messages):
+    del x
+    if type(ct) is ad.Zero:
+        return ct, None
+    return breakdown_check_p.bind(ct, count, messages=messages), None
+
+
+ad.primitive_jvps[breakdown_check_p] = _check_jvp
+ad.primitive_transposes[breakdown_check_p] = _check_transpose

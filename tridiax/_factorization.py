@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 from jax.typing import ArrayLike
 
-from . import _backend, _bands, _dispatch, _layout, _periodic, _planner, _sharding
+from . import _backend, _bands, _dispatch, _layout, _not_lineax, _periodic, _planner, _sharding
 from ._inputs import check_operator_rank, conform, plan_of, read
 from ._jax_private import ShapedArray
 from ._primitive import def_jit_impl, tridiagonal_solve_p
@@ -74,6 +74,10 @@ class TridiagonalFactorization(eqx.Module):
     block: tuple[int, int] | None = eqx.field(static=True, default=None)
 
     __hash__ = _dispatch.structural_hash
+    __getattr__ = _not_lineax.attribute_error(
+        "Solve with it directly, `F.solve(b)`. lineax.linear_solve needs a lineax operator: "
+        "for one non-periodic system of 1-D bands, `lineax.TridiagonalLinearOperator(diag, "
+        "lower[1:], upper[:-1])`, with solver=tridiax.TDMA().")
 
     def solve(self, rhs: ArrayLike) -> Array:
         """x with A x = rhs, `rhs` broadcasting against the bands (more leading batch

@@ -11,7 +11,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from . import _backend, _bands, _dispatch
+from . import _backend, _bands, _dispatch, _not_lineax
 from ._factorization import TridiagonalFactorization, factor
 from ._inputs import band_shape, check_operator_rank, conform, operator_axis, plan_of, read
 from ._solve import check_periodic_size, solve
@@ -86,6 +86,11 @@ class Tridiagonal(eqx.Module):
 
     __hash__ = _dispatch.structural_hash
     __array_ufunc__ = None  # numpy_array * A: NumPy defers to __rmul__
+    __getattr__ = _not_lineax.attribute_error(
+        "Solve with it directly, `A.solve(b)` or `tridiax.TDMA()(A, b)` (any batch, any axis). "
+        "lineax.linear_solve needs a lineax operator: for one non-periodic system of 1-D "
+        "bands, `lineax.TridiagonalLinearOperator(diag, lower[1:], upper[:-1])`, with "
+        "solver=tridiax.TDMA() (jax.vmap batches those).")
 
     @property
     def axis_from_end(self) -> int:

@@ -30,9 +30,14 @@ def solve_tridiagonal(
     the convention of `jax.lax.linalg.tridiagonal_solve`; `lower[0]` and `upper[-1]` are
     ignored whatever they hold. Every other axis is a batch axis.
 
-    Equivalent to `scipy.linalg.solve_banded((1, 1), ...)` applied to every system: the
-    Thomas algorithm by default, Gaussian elimination with partial pivoting (LAPACK's gtsv)
-    with `pivoting=True`.
+    The same systems as `scipy.linalg.solve_banded((1, 1), ab, b)` solves, one per system:
+    the Thomas algorithm by default, Gaussian elimination with partial pivoting (LAPACK's
+    gtsv) with `pivoting=True`. The bands are not scipy's rows, though: scipy's `ab` stores
+    the diagonals by column (`ab[u + i - j, j] == A[i, j]`), these by row, so its upper band
+    is shifted by one. `ab[1]` is `diag`, `ab[2, :-1]` is `lower[1:]` and `ab[0, 1:]` is
+    `upper[:-1]` (`ab[0, 0]`, `ab[2, -1]`, `lower[0]` and `upper[-1]` lie outside the
+    matrix). Convert them as the second example below does, or pass scipy's `ab` as it is
+    to `tridiax.solve_banded((1, 1), ab, b)`, which takes scipy's layout.
 
     **Arguments:**
 
@@ -51,8 +56,8 @@ def solve_tridiagonal(
       backward error ||b - Ax|| / (||A|| ||x|| + ||b||) exceeds sqrt(eps), and raise an error
       saying how many failed and what to do: `tridiax.BreakdownError` when called eagerly;
       under `jax.jit`, `equinox.filter_jit`, vmap and grad the same message arrives through
-      `equinox.branched_error_if` (`equinox.filter_jit` shows it most clearly). Costs one
-      matrix-vector product.
+      `equinox.branched_error_if` (`equinox.filter_jit` shows it most clearly). Under vmap
+      it counts the systems of the whole vmapped batch. Costs one matrix-vector product.
 
     **Returns:**
 
@@ -83,6 +88,17 @@ def solve_tridiagonal(
     lower, diag, upper = -jnp.ones((n, 1)), 2 * jnp.ones((n, 1)), -jnp.ones((n, 1))
     x = tridiax.solve_tridiagonal(lower, diag, upper, jnp.ones((n, 3)), axis=0)  # (5, 3)
     ```
+
+    From scipy's banded layout (`ab[0, 1:]` the upper diagonal, `ab[1]` the diagonal,
+    `ab[2, :-1]` the lower one):
+
+    ```python
+    import numpy as np, tridiax
+    ab = np.array([[0.0, 1, 2, 3], [5, 6, 7, 8], [4, 3, 2, 0]])  # A: 4 x 4
+    b = np.ones(4)
+    lower, diag, upper = np.roll(ab[2], 1), ab[1], np.roll(ab[0], -1)  # lower[i] = A[i, i-1]
+    x = tridiax.solve_tridiagonal(lower, diag, upper, b)  # = solve_banded((1, 1), ab, b)
+    ```
     """
     return solve(lower, diag, upper, rhs, axis=axis, pivoting=pivoting, check=check)
 
@@ -111,7 +127,7 @@ def solve_periodic_tridiagonal(
     `check`), and
 
     - `pivoting`: eliminate T' with partial pivoting (as `solve_tridiagonal(...,
-      pivoting=True)`), for cyclic matrices that are not diagonally dominant. Costs 2.5-3.5x
+      pivoting=True)`), for cyclic matrices that are not diagonally dominant. Costs 1.9-3.7x
       a pivoted solve on CPU (both right-hand sides through the pivoted kernel, then the
       correction; benchmarks/README.md).
 

@@ -2,8 +2,9 @@
 
 The library is compiled once per machine, source and jax version with the system C++
 compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
-$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax); the build logs one line to the "tridiax"
-logger (shown by default) saying so and where. Where no compiler is found or the build fails,
+$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax); the build logs a line to the "tridiax" logger
+(shown by default) as it starts, with where and what it will cost here (`_build_estimate`),
+and one when it is done, with the time it took. Where no compiler is found or the build fails,
 `available()` is False and the CPU falls back to the XLA formulation, with one warning that
 says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
 """
@@ -103,6 +104,26 @@ def _build(compiler: str, out: pathlib.Path) -> None:
     _compile(compiler, out, vector_math=None)
 
 
+# What compiling one source costs one core, low and high: the build notice's estimate.
+_SOURCE_SECONDS = (30, 50)
+
+
+def _build_estimate(cores: int | None = None) -> str:
+    """What the build costs on `cores` cores (default: those this process may run on), for
+    the notice: the sources compile side by side, so each core compiles ceil(sources /
+    cores) of them in turn."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # no sched_getaffinity outside Linux
+            cores = os.cpu_count() or 1
+    cores, sources = max(1, cores), len(_SOURCES)
+    rounds = -(-sources // cores)
+    low, high = (rounds * seconds for seconds in _SOURCE_SECONDS)
+    return (f"{sources} C++ source{'s' if sources > 1 else ''} on {cores} "
+            f"core{'s' if cores > 1 else ''}: about {low}-{high} s")
+
+
 @functools.cache
 def _library_path() -> pathlib.Path:
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -118,8 +139,8 @@ def _library_path() -> pathlib.Path:
     if not path.exists():
         _LOG.warning(
             "tridiax: building the native CPU kernel, once per machine, compiler and jax version "
-            "(about 10 s), into %s (TRIDIAX_CACHE_DIR); silence this with "
-            "logging.getLogger('tridiax').setLevel(logging.ERROR)", path)
+            "(%s), into %s (TRIDIAX_CACHE_DIR); silence this with "
+            "logging.getLogger('tridiax').setLevel(logging.ERROR)", _build_estimate(), path)
         start = time.perf_counter()
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -131,7 +152,7 @@ def _library_path() -> pathlib.Path:
                 raise RuntimeError(f"building the kernels with {compiler} failed (exit status "
                                    f"{err.returncode}):\n{output}") from None
             os.replace(built, path)  # atomic: concurrent builders race harmlessly
-        _LOG.info("tridiax: built %s in %.1f s", path.name, time.perf_counter() - start)
+        _LOG.warning("tridiax: built the native CPU kernel in %.0f s", time.perf_counter() - start)
     return path
 
 
