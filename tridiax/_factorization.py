@@ -2,9 +2,12 @@
 
 The factors are A = L D V with L unit lower bidiagonal (sub-diagonal l), D = diag(m) the
 inverse pivots and V unit upper bidiagonal (super-diagonal c'), all stored along the solve
-axis with the bands' shape. A solve then needs no division: y[i] = b[i] - l[i]*y[i-1],
-x[i] = m[i]*y[i] - c'[i]*x[i+1] (kernels: kind "factored" in `_kernels/`), and the transposed
-solve (reverse mode) is the same sweep with l and c' exchanged.
+axis with the bands' shape. Factoring divides by each pivot p[i] = d[i] - lower[i]*c'[i-1] as
+the Thomas sweep does: c'[i] = upper[i] / p[i] (the sweep's own c'), m[i] = 1/p[i] and
+l[i] = lower[i] / p[i-1] (kernels: `factor_pnq` in `_kernels/`). A solve from the stored
+factors then needs no division: y[i] = b[i] - l[i]*y[i-1], x[i] = m[i]*y[i] - c'[i]*x[i+1]
+(kind "factored"), and the transposed solve (reverse mode) is the same sweep with l and c'
+exchanged.
 
 A periodic matrix A = T' + u v^T (Sherman-Morrison, see `solve_periodic_tridiagonal`) stores
 the factors of T' and the correction w = T'^{-1}u / (1 + v.T'^{-1}u): then
@@ -41,15 +44,17 @@ _BAND_NAMES = ("lower", "diag", "upper")
 class TridiagonalFactorization(eqx.Module):
     """The eliminated form of a `tridiax.Tridiagonal`, made by `Tridiagonal.factor()`.
 
-    `solve(rhs)` reads the stored factors instead of eliminating again: no divisions, and the
-    pivots are computed once however many right-hand sides follow (implicit time stepping
-    with fixed coefficients). Differentiable w.r.t. `rhs` and the bands it was made from.
+    `solve(rhs)` reads the stored factors instead of eliminating again: the divisions by the
+    pivots are done once, when factoring, however many right-hand sides follow (implicit time
+    stepping with fixed coefficients), and a solve needs none. Differentiable w.r.t. `rhs`
+    and the bands it was made from.
 
     **Fields** (all along `axis`, with the broadcast shape of the bands):
 
     - `lower`, `diag`, `upper`: the operator's bands (kept for the derivatives).
     - `lower_factor` (l), `inverse_pivots` (m), `upper_factor` (c'): A = L D V with
-      L[i, i-1] = l[i], D = diag(m), V[i, i+1] = c'[i].
+      L[i, i-1] = l[i], D = diag(m), V[i, i+1] = c'[i]; with the pivots p[i] = diag[i] -
+      lower[i]*c'[i-1]: l[i] = lower[i] / p[i-1], m[i] = 1/p[i], c'[i] = upper[i] / p[i].
     - `periodic_correction` (w) and `periodic_weight` (kappa, size 1 along `axis`): for a
       periodic operator, x = y - (y[0] + kappa*y[N-1]) w; None otherwise.
     - `axis` (as given to the operator, counted in its bands), `band_shape` (their broadcast

@@ -12,10 +12,11 @@ overlap the sweep of the current one. Results are written in place into the slot
 back by TMA: out-of-bounds rows and columns of a ragged last box read as zeros and are not
 written, so N and Q may be anything.
 
-- Thomas (no pivoting): the forward sweep stores c' (a work output) and y' (into x); the
-  backward sweep reads both back block by block from the last one. Rows 0 and N-1 are peeled
-  (the first step of each sweep), so lower[0] and upper[N-1] are never read into the result
-  and the zeros of a ragged box never reach it.
+- Thomas (no pivoting): the forward sweep stores c' = u / p (a work output) and
+  y' = (b - a y'_prev) / p (into x), dividing by each pivot p = d - a c'_prev as
+  `verify.sequential_solve` does; the backward sweep reads both back block by block from the
+  last one. Rows 0 and N-1 are peeled (the first step of each sweep), so lower[0] and
+  upper[N-1] are never read into the result and the zeros of a ragged box never reach it.
 - Linear recurrence h[t] = a[t] h[t-1] + x[t] from h = 0: an initial state, a reversed or a
   shifted coefficient are folded in by `recurrence_pnq` around the kernel.
 
@@ -208,16 +209,16 @@ def _thomas(a, b, c, d, *, interpret):
             def row(r, carry):
                 c_prev, y_prev = carry
                 sub = get(lo, r)
-                inv = 1.0 / (get(di, r) - sub * c_prev)
-                carry = (get(up, r) * inv, (get(rhs, r) - sub * y_prev) * inv)
+                pivot = get(di, r) - sub * c_prev
+                carry = (get(up, r) / pivot, (get(rhs, r) - sub * y_prev) / pivot)
                 put(up, r, carry[0])
                 put(rhs, r, carry[1])
                 return carry
 
             first = 0
             if isinstance(block, int) and block == 0:  # row 0: lower[0] is not read
-                inv = 1.0 / get(di, 0)
-                carry = (get(up, 0) * inv, get(rhs, 0) * inv)
+                pivot = get(di, 0)
+                carry = (get(up, 0) / pivot, get(rhs, 0) / pivot)
                 put(up, 0, carry[0])
                 put(rhs, 0, carry[1])
                 first = 1
@@ -286,6 +287,11 @@ class WarpgroupRows:
 
     def full(self, value):
         return self._zeros + value
+
+    @staticmethod
+    def divide(x, y):
+        """x / y (real float32: Mosaic GPU's division, arith.divf without fast-math flags)."""
+        return x / y
 
 
 def _over_warpgroup_rows(body, operands, out_type, *, interpret, **params):

@@ -15,14 +15,20 @@ transposed matrix, sub[i] = u[i-1], sup[i] = l[i+1]):
   z = T'^{-1}(gamma, 0, ..., 0, beta) in the same sweep, then
   x = y - (y[0] + kappa*y[N-1])/(1 + z[0] + kappa*z[N-1]) z with kappa = alpha/gamma.
 - "pivoted": operands (lower, diag, upper, rhs); Gaussian elimination with partial pivoting
-  (row interchanges, as LAPACK's gtsv, one fill-in diagonal): U's rows are stored as 1/pivot,
+  (row interchanges, as LAPACK's gtsv, one fill-in diagonal): U's rows are stored as pivot,
   U1, U2 and y, then x[i] = (y[i] - U1[i] x[i+1] - U2[i] x[i+2]) / pivot[i].
+
+Every sweep divides by its pivots in `verify.sequential_solve`'s order (thomas: c'[i] =
+u[i] / p[i], y'[i] = (b[i] - a[i]*y'[i-1]) / p[i] with p[i] = d[i] - a[i]*c'[i-1]; pivoted:
+the multiplier (swap ? a : l) / pivot); none multiplies by a rounded reciprocal of a pivot.
+Divisions go through the rows' `divide` (`TileRows.divide`: correctly rounded on a GPU too).
 
 Triton has no scratch memory, so c', z (and y' for half precision, which is eliminated in
 float32) are extra outputs that the launcher drops.
 
 `factor_pnq` is the forward elimination alone, for `TridiagonalFactorization`: it writes the
-factors (l, m, c') that the "factored" kind reads, one sweep and no back substitution.
+factors (l, m, c') that the "factored" kind reads, one sweep and no back substitution; its c'
+is the thomas sweep's (u[i] / p[i]), m = 1/p and l[i] = a[i] / p[i-1].
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from ._split_complex import SplitComplex, modulus, select, zeros_like
 from ._xla_thomas import pivot_step
 
 # Work rows each kind stores as extra outputs: c' (thomas); c' and z (periodic); none (factored);
-# 1/pivot, U1 and U2 (pivoted).
+# pivot, U1 and U2 (pivoted).
 _WORK_OUTPUTS = {"thomas": 1, "factored": 0, "periodic": 2, "pivoted": 3}
 
 
@@ -50,7 +56,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
     half = len(extra) > _WORK_OUTPUTS[kind]  # one more: y' in float32 for a half-precision x
     y_ref = extra[-1] if half else x_ref
     rows = rows_class(P, Q, tiles, x_ref.dtype if not half else extra[-1].dtype)
-    load, store, full = rows.load, rows.store, rows.full
+    load, store, full, divide = rows.load, rows.store, rows.full, rows.divide
 
     def sub(i):
         return load(u_ref, i - 1) if transposed else load(l_ref, i)
@@ -72,7 +78,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         return lax.fori_loop(0, n - 1, step, full(v_last))
 
     if kind == "pivoted":
-        _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, *extra[:3], n=n)
+        _pivoted(rows, sub, sup, d_ref, b_ref, y_ref, x_ref, *extra[:3], n=n)
         return
 
     if kind == "factored":
@@ -105,30 +111,30 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         # elimination loop rather than kept live across it.
         lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
         alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-        return alpha, beta, _split(load(d_ref, 0), alpha, sup(0))
+        return alpha, beta, _split(load(d_ref, 0), alpha, sup(0), divide)
 
-    d_first = load(d_ref, 0)
+    p_first = load(d_ref, 0)
     if periodic:
         z_ref = extra[1]
         _, _, gamma = corners()
-    r0 = 1 / (d_first - gamma if periodic else d_first)
-    carry = (full(sup(0) * r0), full(load(b_ref, 0) * r0))
+        p_first = p_first - gamma
+    carry = (full(divide(sup(0), p_first)), full(divide(load(b_ref, 0), p_first)))
     store(c_ref, 0, carry[0])
     store(y_ref, 0, carry[1])
     if periodic:
-        carry += (full(gamma * r0),)
+        carry += (full(divide(gamma, p_first)),)
         store(z_ref, 0, carry[2])
 
     def eliminate(i, carry):
         a = sub(i)
-        r = 1 / (load(d_ref, i) - a * carry[0])
-        c = sup(i) * r
-        y = (load(b_ref, i) - a * carry[1]) * r
+        p = load(d_ref, i) - a * carry[0]
+        c = divide(sup(i), p)
+        y = divide(load(b_ref, i) - a * carry[1], p)
         store(c_ref, i, c)
         store(y_ref, i, y)
         out = (full(c), full(y))
         if periodic:
-            z = -a * carry[2] * r
+            z = divide(-a * carry[2], p)
             store(z_ref, i, z)
             out += (full(z),)
         return out
@@ -138,20 +144,20 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         back_substitute(c_ref, y_ref, y_last, x_ref)
         return
 
-    # Periodic: rows 1..N-2 as usual, row N-1 with d'[N-1] and u[N-1] = beta.
+    # Periodic: rows 1..N-2 as usual, row N-1 with d'[N-1] = d[N-1] - alpha*beta/gamma and
+    # u[N-1] = beta, then x = y - f z with f = (y[0] + kappa*y[N-1]) / (1 + z[0] + kappa*z[N-1]),
+    # kappa = alpha/gamma: `verify.sequential_solve`'s order (the corners are loaded again here
+    # rather than kept live across the loop).
     carry = lax.fori_loop(1, n - 1, eliminate, carry)
     alpha, beta, gamma = corners()
-    # Two divisions past the loop rather than four (a float64 division is a subroutine call
-    # on its slow path, with the values live across it to keep): gamma multiplied through,
-    # 1/pivot[N-1] = gamma / (gamma*(d[N-1] - a*c'[N-2]) - alpha*beta) and
-    # f = (gamma*y[0] + alpha*y[N-1]) / (gamma*(1 + z[0]) + alpha*z[N-1]).
     a = sub(n - 1)
-    r = gamma / (gamma * (load(d_ref, n - 1) - a * carry[0]) - alpha * beta)
-    y_last = (load(b_ref, n - 1) - a * carry[1]) * r
-    z_last = (beta - a * carry[2]) * r
+    p = (load(d_ref, n - 1) - divide(alpha * beta, gamma)) - a * carry[0]
+    y_last = divide(load(b_ref, n - 1) - a * carry[1], p)
+    z_last = divide(beta - a * carry[2], p)
     y_first = back_substitute(c_ref, y_ref, y_last, y_ref)
     z_first = back_substitute(c_ref, z_ref, z_last, z_ref)
-    f = (gamma * y_first + alpha * y_last) / (gamma * (1 + z_first) + alpha * z_last)
+    kappa = divide(alpha, gamma)
+    f = divide(y_first + kappa * y_last, 1 + z_first + kappa * z_last)
 
     def combine(i, _):
         store(x_ref, i, load(y_ref, i) - f * load(z_ref, i))
@@ -159,7 +165,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
     lax.fori_loop(0, n, combine, None)
 
 
-def _split(d0, alpha, u0):
+def _split(d0, alpha, u0, divide):
     """`_periodic.split`: -(d0/|d0|) * size (d0/|d0| = 1 at 0), size = max(|d0|, |alpha|,
     |u0|); for real systems without its division."""
     size = jnp.maximum(jnp.maximum(modulus(d0), modulus(alpha)), modulus(u0))
@@ -168,33 +174,35 @@ def _split(d0, alpha, u0):
     m = modulus(d0)
     nonzero = m > 0
     m = jnp.where(nonzero, m, 1)
-    return SplitComplex(-jnp.where(nonzero, d0.re / m, 1) * size,
-                        -jnp.where(nonzero, d0.im / m, 0) * size)
+    return SplitComplex(-jnp.where(nonzero, divide(d0.re, m), 1) * size,
+                        -jnp.where(nonzero, divide(d0.im, m), 0) * size)
 
 
-def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u1_ref, u2_ref,
-             *, n):
+def _pivoted(rows, sub, sup, d_ref, b_ref, y_ref, x_ref, pivot_ref, u1_ref, u2_ref, *, n):
     """Elimination with partial pivoting (`_xla_thomas.pivot_step`); U's rows are stored as
-    1/pivot, U1, U2 (work outputs) and y, then substituted back from the last row."""
+    pivot, U1, U2 (work outputs) and y, then substituted back from the last row, dividing by
+    each pivot."""
+    load, store, full, divide = rows.load, rows.store, rows.full, rows.divide
     zero = full(zeros_like(load(d_ref, 0)))  # full(): the row layout, for loop carries
     pending = (full(load(d_ref, 0)), full(sup(0)) if n > 1 else zero, full(load(b_ref, 0)))
 
     def forward(i, pending):
         un = select(i + 2 < n, sup(i + 1), 0)  # sup(N-1) lies outside the matrix
         kept, pending = pivot_step(pending, sub(i + 1), load(d_ref, i + 1), un,
-                                   load(b_ref, i + 1))
-        for ref, value in zip((inv_ref, u1_ref, u2_ref, y_ref), kept, strict=True):
+                                   load(b_ref, i + 1), divide=divide)
+        for ref, value in zip((pivot_ref, u1_ref, u2_ref, y_ref), kept, strict=True):
             store(ref, i, value)
         return tuple(full(v) for v in pending)
 
     a, _, f = lax.fori_loop(0, n - 1, forward, pending)
-    x_last = f / a
+    x_last = divide(f, a)
     store(x_ref, n - 1, x_last)
 
     def backward(k, carry):
         i = n - 2 - k
         x1, x2 = carry
-        x = (load(y_ref, i) - load(u1_ref, i) * x1 - load(u2_ref, i) * x2) * load(inv_ref, i)
+        x = divide(load(y_ref, i) - load(u1_ref, i) * x1 - load(u2_ref, i) * x2,
+                   load(pivot_ref, i))
         store(x_ref, i, x)
         return full(x), x1
 
@@ -203,36 +211,46 @@ def _pivoted(load, store, full, sub, sup, d_ref, b_ref, y_ref, x_ref, inv_ref, u
 
 def _factor_kernel(l_ref, d_ref, u_ref, lo_ref, m_ref, c_ref, *, n, dtype, tiles, P, Q,
                    rows_class=TileRows):
-    """The factors of one program's tile (`_xla_thomas.factor_sweep` states them): l[i] =
-    lower[i]*m[i-1] (l[0] = 0), m[i] = 1/pivot[i], c'[i] = upper[i]*m[i] (c'[N-1] = 0), in the
-    compute `dtype`. `rows_class` as for `_kernel`."""
+    """The factors of one program's tile (`_xla_thomas.factor_sweep` states them): pivots
+    p[i] = d[i] - lower[i]*c'[i-1], c'[i] = upper[i] / p[i] (c'[N-1] = 0), m[i] = 1/p[i] and
+    l[i] = lower[i] / p[i-1] (l[0] = 0), in the compute `dtype`. `rows_class` as for
+    `_kernel`."""
     rows = rows_class(P, Q, tiles, dtype)
-    load, store, full = rows.load, rows.store, rows.full
-    m0 = 1 / load(d_ref, 0)
-    store(m_ref, 0, m0)
-    store(lo_ref, 0, zeros_like(m0))
+    load, store, full, divide = rows.load, rows.store, rows.full, rows.divide
+
+    def inverse(p):  # 1/p, a quotient like every other (a complex one directly, by Smith)
+        return divide(jnp.ones_like(p.re) if isinstance(p, SplitComplex) else 1, p)
+
+    p0 = load(d_ref, 0)
+    store(m_ref, 0, inverse(p0))
+    store(lo_ref, 0, zeros_like(p0))
     if n == 1:
-        store(c_ref, 0, zeros_like(m0))
+        store(c_ref, 0, zeros_like(p0))
         return
 
-    def row(i, m_prev, c_prev):
+    def row(i, p_prev, c_prev):
         a = load(l_ref, i)
-        m = 1 / (load(d_ref, i) - a * c_prev)
-        store(lo_ref, i, a * m_prev)
-        store(m_ref, i, m)
-        return m
+        p = load(d_ref, i) - a * c_prev
+        store(lo_ref, i, divide(a, p_prev))
+        store(m_ref, i, inverse(p))
+        return p
 
     def eliminate(i, carry):
-        m = row(i, *carry)
-        c = load(u_ref, i) * m
+        p = row(i, *carry)
+        c = divide(load(u_ref, i), p)
         store(c_ref, i, c)
-        return full(m), full(c)
+        return full(p), full(c)
 
-    c0 = load(u_ref, 0) * m0
+    c0 = divide(load(u_ref, 0), p0)
     store(c_ref, 0, c0)
-    carry = lax.fori_loop(1, n - 1, eliminate, (full(m0), full(c0)))
-    m = row(n - 1, *carry)  # the last row has no upper band: c'[N-1] = 0
-    store(c_ref, n - 1, zeros_like(m))
+    carry = lax.fori_loop(1, n - 1, eliminate, (full(p0), full(c0)))
+    p = row(n - 1, *carry)  # the last row has no upper band: c'[N-1] = 0
+    store(c_ref, n - 1, zeros_like(p))
+
+
+def _rows_class(interpret: bool):
+    """The kernels' row access: compiled by Triton unless interpreted (`TileRows`)."""
+    return functools.partial(TileRows, compiled=not interpret)
 
 
 def factor_pnq(l, d, u, *, out_dtype, interpret: bool = False, tiles=None,
@@ -240,7 +258,8 @@ def factor_pnq(l, d, u, *, out_dtype, interpret: bool = False, tiles=None,
     """The factors (l, m, c') of the (P|1, N|1, Q|1) bands' systems along axis 1 with the
     Pallas kernel, as `_xla_thomas.factor_pnq`: three (P, N, Q) arrays of `out_dtype`."""
     N = broadcast_shape(l, d, u)[1]
-    kernel = functools.partial(_factor_kernel, n=N, dtype=compute_dtype(out_dtype))
+    kernel = functools.partial(_factor_kernel, n=N, dtype=compute_dtype(out_dtype),
+                               rows_class=_rows_class(interpret))
     return tuple(launch(kernel, (l, d, u), [(N, out_dtype)] * 3, name="tridiax_factor",
                         interpret=interpret, tiles=tiles, compiler_params=compiler_params))
 
@@ -255,6 +274,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
     outs = [(N, out_dtype)] + [(N, cdt)] * _WORK_OUTPUTS[kind]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
         outs.append((N, cdt))
-    kernel = functools.partial(_kernel, n=N, kind=kind, transposed=transposed)
+    kernel = functools.partial(_kernel, n=N, kind=kind, transposed=transposed,
+                               rows_class=_rows_class(interpret))
     return launch(kernel, (l, d, u, b), outs, name="tridiax_thomas", interpret=interpret,
                   tiles=tiles, compiler_params=compiler_params)[0]

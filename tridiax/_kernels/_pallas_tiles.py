@@ -10,6 +10,8 @@ a missing one). Operands broadcast along P, N or Q have size 1 there and are rea
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +20,36 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import _jax_private
-from ._split_complex import SplitComplex, SplitRef, as_split, real_dtype
+from ._split_complex import SplitComplex, SplitRef, as_split, divide, real_dtype
 
 # Masked loads and stores (None where this JAX has no Triton backend: then only interpret
 # mode runs these kernels, and it masks by selecting, which its padded blocks allow).
 _TRITON = _jax_private.pallas_triton()
+
+
+@functools.cache
+def _on_rocm() -> bool:
+    """Whether this process has ROCm GPUs (Pallas Triton then compiles for AMD, not CUDA)."""
+    try:
+        return bool(jax.devices("rocm"))
+    except RuntimeError:
+        return False
+
+
+def _correctly_rounded_quotient(x, y):
+    """x / y rounded once, on CUDA too. Triton compiles a float32 `/` for CUDA to PTX's
+    div.full.f32 (within 2 ulp: a quotient through an approximate reciprocal, the error the
+    dividing sweeps avoid); div.rn.f32 is IEEE's division. float64 `/` is div.rn.f64 already,
+    and AMD's float32 `/` is IEEE's."""
+    x, y = jnp.broadcast_arrays(x, y)
+    dtype = jnp.result_type(x, y)
+    if (dtype != jnp.float32 or _TRITON is None or not hasattr(_TRITON, "elementwise_inline_asm")
+            or _on_rocm()):
+        return x / y
+    [quotient] = _TRITON.elementwise_inline_asm(
+        "div.rn.f32 $0, $1, $2;", args=[x.astype(dtype), y.astype(dtype)],
+        constraints="=f,f,f", pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, dtype)])
+    return quotient
 
 
 def _next_power_of_2(x: int) -> int:
@@ -63,9 +90,12 @@ class Tiles:
 
 
 class TileRows:
-    """Masked row access for the program's tile; build it inside a kernel body."""
+    """Masked row access for the program's tile, and its division; build it inside a kernel
+    body. `compiled`: the kernel is compiled by Triton (not interpreted), whose float32 `/`
+    on CUDA is not IEEE's division (`divide` then rounds the quotient once itself)."""
 
-    def __init__(self, P: int, Q: int, tiles: Tiles, compute_dtype):
+    def __init__(self, P: int, Q: int, tiles: Tiles, compute_dtype, *, compiled: bool = False):
+        self._real_divide = _correctly_rounded_quotient if compiled else operator.truediv
         self.bp, self.bq = tiles.bp, tiles.bq
         self.masked = P % tiles.bp != 0 or Q % tiles.bq != 0
         self.dtype = real_dtype(compute_dtype)  # of a row, or of each part of a complex one
@@ -128,6 +158,10 @@ class TileRows:
         if isinstance(value, SplitComplex):
             return value.map(self.full)
         return jnp.broadcast_to(value, (self.bp, self.bq))
+
+    def divide(self, x, y):
+        """x / y, real or split (`_split_complex.divide`), each real quotient rounded once."""
+        return divide(x, y, self._real_divide)
 
 
 def launch(kernel, operands, out_shapes, *, name, interpret=False, tiles=None,

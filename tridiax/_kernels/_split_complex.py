@@ -6,13 +6,16 @@ hands the kernel a `SplitRef` (re, im) for it; loading a row of one gives a `Spl
 which does the arithmetic the sweeps need (+, -, *, /, with real or split operands) on the
 parts, so one kernel body serves real and complex systems. `select`, `zeros_like` and
 `magnitude` take either kind, so helpers shared with the XLA kernels (`pivot_step`) do too.
-Division is Smith's algorithm (no overflow of |y|^2 for large y); the pivot choice compares
-|Re| + |Im| as LAPACK's gtsv does, like every other backend.
+Division (`divide`, `/`) is Smith's algorithm (no overflow of |y|^2 for large y) in the order
+of XLA's complex division, dividing by the scaled modulus rather than multiplying by its
+rounded reciprocal; the pivot choice compares |Re| + |Im| as LAPACK's gtsv does, like every
+other backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -96,16 +99,42 @@ class SplitComplex:
     __rmul__ = __mul__
 
     def __truediv__(self, other):
-        if isinstance(other, SplitComplex):
-            return self * reciprocal(other)
-        return SplitComplex(self.re / other, self.im / other)
+        return divide(self, other)
 
     def __rtruediv__(self, other):
+        # A real numerator over a split value: its reciprocal, scaled (the banded and block
+        # kernels' inverse pivots, `1 / pivot`). `divide(x, y)` divides directly.
         return other * reciprocal(self)
 
 
+def divide(x, y, real_divide=operator.truediv):
+    """x / y for real or split x and y, with `real_divide` dividing real parts.
+
+    A split y by Smith's algorithm, in the order of XLA's complex division: with
+    ratio = Im y / Re y when |Re y| >= |Im y|,
+    x / y = ((Re x + Im x*ratio) + i(Im x - Re x*ratio)) / (Re y + Im y*ratio), and with the
+    parts' roles exchanged otherwise (ratio = Re y / Im y). Both parts are divided by that
+    scaled modulus, never multiplied by a separately rounded reciprocal of it."""
+    if not isinstance(y, SplitComplex):
+        if isinstance(x, SplitComplex):
+            return SplitComplex(real_divide(x.re, y), real_divide(x.im, y))
+        return real_divide(x, y)
+    x = as_split(x)
+    wide = jnp.abs(y.re) >= jnp.abs(y.im)
+    big = jnp.where(wide, y.re, y.im)
+    small = jnp.where(wide, y.im, y.re)
+    ratio = real_divide(small, big)
+    scaled = big + small * ratio
+    # wide: (Re x + Im x*r) + i(Im x - Re x*r); else (Re x*r + Im x) + i(Im x*r - Re x), the
+    # imaginary part negated from (Re x - Im x*r) (exact).
+    first, second = jnp.where(wide, x.re, x.im), jnp.where(wide, x.im, x.re)
+    im = real_divide(second - first * ratio, scaled)
+    return SplitComplex(real_divide(first + second * ratio, scaled), jnp.where(wide, im, -im))
+
+
 def reciprocal(y: SplitComplex) -> SplitComplex:
-    """1 / y by Smith's algorithm: the larger part divides the smaller, so nothing squares."""
+    """1 / y by Smith's algorithm: the larger part divides the smaller, so nothing squares;
+    both parts are products with one rounded 1 / (scaled modulus)."""
     wide = jnp.abs(y.re) >= jnp.abs(y.im)
     big = jnp.where(wide, y.re, y.im)
     small = jnp.where(wide, y.im, y.re)

@@ -13,6 +13,8 @@ row-major order while it sits in cache, which was 3-5x faster than strided rows.
 
 from __future__ import annotations
 
+import operator
+
 import jax.numpy as jnp
 from jax import Array, lax
 
@@ -71,23 +73,24 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
         return lax.fori_loop(0, n - 1, back, ybuf).astype(out_dtype)
 
     periodic = kind == "periodic"
-    d0 = row(d, 0)
+    # The dividing sweep (`verify.sequential_solve`'s order): p[i] = d[i] - a[i]*c'[i-1],
+    # c'[i] = u[i] / p[i], y'[i] = (b[i] - a[i]*y'[i-1]) / p[i]; no reciprocal of the pivot.
+    p0 = row(d, 0)
     if periodic:
         # Sherman-Morrison (`_periodic.py`), corners alpha = A[0, N-1], beta = A[N-1, 0]:
         # z' = T'^{-1}(gamma, 0, ..., 0, beta) rides along the same sweep.
         lo0, upn = row(l, 0), row(u, n - 1)
         alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-        gamma = split(d0, alpha, sup(0))
+        gamma = split(p0, alpha, sup(0))
         corr = -alpha * beta / gamma
-        d0 = d0 - gamma
-    r0 = 1 / d0
-    cbuf = put(zeros, jnp.broadcast_to(sup(0) * r0, row_shape), 0)
-    ybuf = put(zeros, jnp.broadcast_to(row(b, 0) * r0, row_shape), 0)
+        p0 = p0 - gamma
+    cbuf = put(zeros, jnp.broadcast_to(sup(0) / p0, row_shape), 0)
+    ybuf = put(zeros, jnp.broadcast_to(row(b, 0) / p0, row_shape), 0)
     if n == 1:
         return ybuf.astype(out_dtype)
     bufs = (cbuf, ybuf)
     if periodic:
-        bufs += (put(zeros, jnp.broadcast_to(gamma * r0, row_shape), 0),)
+        bufs += (put(zeros, jnp.broadcast_to(gamma / p0, row_shape), 0),)
 
     # Forward elimination. The previous row is read back from the buffers rather than carried:
     # XLA then fuses each row's arithmetic into its in-place update (measured ~15% faster).
@@ -96,11 +99,11 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
         a, diag = sub(i), row(d, i)
         if periodic:
             last = (i == n - 1).astype(cdt)
-            diag = diag + last * corr
-        r = 1 / (diag - a * row(cbuf, i - 1))
-        out = (put(cbuf, sup(i) * r, i), put(ybuf, (row(b, i) - a * row(ybuf, i - 1)) * r, i))
+            diag = diag + last * corr  # d'[N-1] = d[N-1] - alpha*beta/gamma
+        p = diag - a * row(cbuf, i - 1)
+        out = (put(cbuf, sup(i) / p, i), put(ybuf, (row(b, i) - a * row(ybuf, i - 1)) / p, i))
         if periodic:
-            out += (put(bufs[2], (last * beta - a * row(bufs[2], i - 1)) * r, i),)
+            out += (put(bufs[2], (last * beta - a * row(bufs[2], i - 1)) / p, i),)
         return out
 
     cbuf, *vecs = lax.fori_loop(1, n, forward, bufs)
@@ -122,20 +125,23 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     return (y - f * z).astype(out_dtype)
 
 
-def pivot_step(pending, l, d, un, b):
-    """One step of elimination with partial pivoting (see cpu_kernels.cc, `Pivoted`).
+def pivot_step(pending, l, d, un, b, divide=operator.truediv):
+    """One step of elimination with partial pivoting, in LAPACK gtsv's order
+    (`verify.sequential_solve(..., pivoting=True)`).
 
     `pending` = (a, c, f): the pending row's entries in columns i, i+1 and its right-hand
-    side; (l, d, un | b): row i+1 of A (un = 0 past the matrix). Returns U's row i as
-    (1/pivot, U1, U2, y) and the next pending row."""
+    side; (l, d, un | b): row i+1 of A (un = 0 past the matrix). The multiplier is a quotient,
+    m = (swap ? a : l) / pivot. Returns U's row i as (pivot, U1, U2, y) (back substitution
+    divides by the pivot) and the next pending row. `divide(x, y)`: the division to use (a
+    kernel's own, `_pallas_tiles.TileRows.divide`)."""
     a, c, f = pending
     swap = magnitude(l) > magnitude(a)
-    r = 1 / select(swap, l, a)
-    m = select(swap, a, l) * r
+    pivot = select(swap, l, a)
+    m = divide(select(swap, a, l), pivot)
     zero = zeros_like(un)
     kept = (select(swap, d, c), select(swap, un, zero), select(swap, b, f))
     other = (select(swap, c, d), select(swap, zero, un), select(swap, f, b))
-    return (r, *kept), tuple(o - m * k for o, k in zip(other, kept, strict=True))
+    return (pivot, *kept), tuple(o - m * k for o, k in zip(other, kept, strict=True))
 
 
 def _pivoted(row, sub, d, sup, b, put, n, zeros, row_shape):
@@ -154,23 +160,24 @@ def _pivoted(row, sub, d, sup, b, put, n, zeros, row_shape):
         return tuple(full(v) for v in pending), tuple(
             put(buf, full(v), i) for buf, v in zip(stores, kept, strict=True))
 
-    pending, (inv, u1, u2, y) = lax.fori_loop(0, n - 1, forward, (pending, (zeros,) * 4))
+    pending, (pivot, u1, u2, y) = lax.fori_loop(0, n - 1, forward, (pending, (zeros,) * 4))
     a, _, f = pending
     x_last = f / a
 
     def backward(k, state):
         i = n - 2 - k
         x1, x2, y = state
-        x = (row(y, i) - row(u1, i) * x1 - row(u2, i) * x2) * row(inv, i)
+        x = (row(y, i) - row(u1, i) * x1 - row(u2, i) * x2) / row(pivot, i)
         return x, x1, put(y, x, i)
 
     return lax.fori_loop(0, n - 1, backward, (x_last, zero, put(y, x_last, n - 1)))[2]
 
 
 def factor_sweep(l, d, u, *, axis: int, out_dtype) -> tuple[Array, Array, Array]:
-    """The stored factors A = L D V of the systems along `axis`: (l, m, c') with
-    l[i] = lower[i]*m[i-1] (L's sub-diagonal, l[0] = 0), m[i] = 1/pivot[i] and
-    c'[i] = upper[i]*m[i] (V's super-diagonal, c'[N-1] = 0): the Thomas forward elimination
+    """The stored factors A = L D V of the systems along `axis`: (l, m, c') with pivots
+    p[i] = d[i] - lower[i]*c'[i-1] (p[0] = d[0]), c'[i] = upper[i] / p[i] (V's
+    super-diagonal, c'[N-1] = 0: the dividing sweep's quotients), m[i] = 1/p[i] and
+    l[i] = lower[i] / p[i-1] (L's sub-diagonal, l[0] = 0): the Thomas forward elimination
     without a right-hand side. Returns three arrays of the broadcast shape."""
     cdt = compute_dtype(out_dtype)
     full = broadcast_shape(l, d, u)
@@ -184,18 +191,21 @@ def factor_sweep(l, d, u, *, axis: int, out_dtype) -> tuple[Array, Array, Array]
         return lax.dynamic_update_index_in_dim(buf, jnp.broadcast_to(value, row_shape), i, axis)
 
     zeros = jnp.zeros(full, cdt)
-    m0 = 1 / row(d, 0)
-    bufs = (zeros, put(zeros, m0, 0), put(zeros, row(u, 0) * m0 * (n > 1), 0))
+    p0 = jnp.broadcast_to(row(d, 0), row_shape)
+    c0 = row(u, 0) / p0 if n > 1 else jnp.zeros(row_shape, cdt)
+    bufs = (zeros, put(zeros, 1 / p0, 0), put(zeros, c0, 0))
 
-    def forward(i, bufs):
-        lbuf, mbuf, cbuf = bufs
+    # The previous pivot is carried (l[i] divides by it); c'[i-1] is read back from its buffer.
+    def forward(i, state):
+        p_prev, (lbuf, mbuf, cbuf) = state
         a = row(l, i)
-        m = 1 / (row(d, i) - a * row(cbuf, i - 1))
-        not_last = (i < n - 1).astype(cdt)
-        return (put(lbuf, a * row(mbuf, i - 1), i), put(mbuf, m, i),
-                put(cbuf, not_last * row(u, i) * m, i))
+        p = row(d, i) - a * row(cbuf, i - 1)
+        c = jnp.where(i < n - 1, row(u, i) / p, jnp.zeros((), cdt))
+        return jnp.broadcast_to(p, row_shape), (put(lbuf, a / p_prev, i), put(mbuf, 1 / p, i),
+                                                 put(cbuf, c, i))
 
-    return tuple(x.astype(out_dtype) for x in lax.fori_loop(1, n, forward, bufs))
+    _, factors = lax.fori_loop(1, n, forward, (p0, bufs))
+    return tuple(x.astype(out_dtype) for x in factors)
 
 
 # Below this many values per row group (Q), rows along axis 1 of (P, N, Q) are strided
