@@ -84,11 +84,10 @@ def test_chunked_gradients_match_unchunked(periodic, dtype):
 @pytest.mark.parametrize("periodic", [False, True], ids=["plain", "periodic"])
 @pytest.mark.parametrize("bands_shape", ["per_system", "shared", "constant"])
 def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, periodic, dtype):
-    """Chunks whose rows are contiguous (systems along the last axis) and long enough (two
-    vectors of interior rows) take the scanned last sweep (cpu_kernels.cc, ScanTile): the
-    solve and, through the gradient, the transposed solve, against scipy, with bands per
-    system, shared by every system, or constant along the axis (read with stride 0), and a
-    short last chunk (1001 = 10 * 97 + 31) that sweeps row by row."""
+    """Chunks whose rows are contiguous (systems along the last axis): the solve and, through
+    the gradient, the transposed solve, against scipy, with bands per system, shared by every
+    system, or constant along the axis (read with stride 0), and a short last chunk (1001 =
+    10 * 97 + 31) in tiles of its own."""
     shape, chunk = (3, 1001), 97
     l, d, u, b = dominant_bands(shape, dtype)
     if bands_shape == "shared":
@@ -116,10 +115,10 @@ def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic
     """(P, N, Q) along axis 1 with Q dividing a vector: the sweeps over chunks read a tile of
     one vector of lanes (L/Q chunks) straight into registers (cpu_kernels.cc, EndsOfRuns and
     SolveOfRuns; chunks of 97 and 91 rows, and of 2 and 3: one or two interior rows); a
-    narrower last tile of long chunks (11 chunks of 91) and the whole solve (chunk=0) scan all
-    Q lanes of a chunk together, L/Q rows a vector (ScanGroups), short chunks sweep row by row;
-    with the bands per system, one row broadcast along N, one value, or shared by the Q
-    systems (one value a row: one matrix, Q right-hand sides); against scipy, and the
+    narrower last tile of long chunks (11 chunks of 91), the whole solve (chunk=0) and short
+    chunks sweep the Q lanes of a chunk through RowReader's blocks; with the bands per
+    system, one row broadcast along N, one value, or shared by the Q systems (one value a
+    row: one matrix, Q right-hand sides); against scipy, and the
     transposed solve through the gradient. 1001 = 10 * 97 + 31: a short last chunk; 1000 rows
     in chunks of 2 (1001 has none); P = 2: tiles of each p's chunks."""
     for rows, chunk in ((1001, 97), (1001, 91), (1000, 2), (1001, 3), (1001, 0)):
@@ -280,22 +279,15 @@ def test_planner_chunks_few_long_systems_only(monkeypatch):
     assert _planner.solve_chunk(100, 100_000, 1, np.complex128, **plan) > 0
     assert _planner.solve_chunk(1, 100, 100_000, np.float32, **plan) == 0
     assert _planner.solve_chunk(100_000, 100, 1, np.float32, **plan) == 0
-    # Batch-first real systems are scanned one at a time (two work rows each): whole as soon
-    # as every core has one; a tile of 32 row-swept complex systems would not fit in cache.
-    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
-    assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) == 0
+    # Batch-first systems are swept a tile of systems at a time, row by row (no solve is
+    # scanned): whole while a tile's two work rows fit in a core's cache, chunked past it.
+    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) > 0
+    assert _planner.solve_chunk(100, 100_000, 1, np.float64, **plan) > 0
     assert _planner.solve_chunk(2000, 5000, 1, np.complex64, **plan) > 0
-    # Rows of a few values, scanned a group of Q lanes at a time: one group whole while its
-    # five arrays fit in the last-level cache; rows the scan does not group (Q = 3) and the
-    # pivoted kind are chunked at that size.
-    fits = _planner.cpu_last_cache_bytes() // (5 * 4 * 4)
-    assert _planner.solve_chunk(1, fits, 4, np.float32, **plan) == 0
-    assert _planner.solve_chunk(1, 2 * fits, 4, np.float32, **plan) > 0
-    assert _planner.solve_chunk(1, fits, 3, np.float32, **plan) > 0
-    assert _planner.solve_chunk(1, fits, 4, np.float32, **{**plan, "kind": "pivoted"}) > 0
-    # ... and their tiles give every core several shares of the work.
-    width = _planner.cpu_tiling(64, 1, 1, 10**6, np.float32, scan=True).width
-    assert -(-64 // width) >= min(64, 4 * _planner.cpu_cores())
+    # Rows of a few values: too few systems to fill the vectors, chunked once there is work.
+    for Q in (3, 4):
+        assert _planner.solve_chunk(1, 100_000, Q, np.float32, **plan) > 0
+        assert _planner.solve_chunk(1, 100_000, Q, np.float32, **{**plan, "kind": "pivoted"}) > 0
     # Many systems of a few chunks each: tiles along the systems, not along 2-3 chunks.
     assert _planner.cpu_tiling(2000, 3, 1, 2000, np.complex64, columns=3).lanes == "p"
     assert _planner.cpu_tiling(64, 500, 1, 2000, np.float32, columns=3).lanes == "c"
@@ -376,28 +368,23 @@ def test_planner_chunks_few_long_systems_only(monkeypatch):
     assert _planner.recurrence_chunk(1, fits, 4, np.float32, **rec, gated=True) > 0
 
 
-def test_planner_scans_only_where_the_built_kernel_can(monkeypatch):
-    from tridiax._kernels import _native
-
+def test_planner_batch_first_tiles():
+    # Many short batch-first real systems go by tiles of ROWS_TILE_VECTORS vectors of systems,
+    # whole, with 8-lane vectors and 16-lane ones alike; complex ones by strided tiles.
     plan = dict(kind="thomas", backend="native", platform="cpu")
-    assert _planner.scanned(5000, 1, "thomas", np.float32)
-    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) == 0
-    # Many short float32 systems go by tiles of ROWS_TILE_VECTORS vectors of systems, with
-    # 8-lane vectors and 16-lane ones alike; float64 and long float32 systems are scanned.
-    tiles = _planner.CpuTiling("p", _planner.ROWS_TILE_VECTORS * _planner.vector_lanes(np.float32))
-    assert _planner.solve_plan("native", "cpu", 100_000, 100, 1, np.float32,
-                               kind="thomas").tiling == tiles
-    assert _planner.scanned(100, 1, "thomas", np.float64, P=100_000)
-    assert _planner.scanned(5000, 1, "thomas", np.float32, P=100_000)
-    # A kernel built without the scans (no AVX2, an older compiler, another architecture):
-    # the same systems go row by row, in tiles whose work rows outgrow the cache: chunked.
-    monkeypatch.setattr(_native, "scan_rows", lambda itemsize: 0)
-    assert not _planner.scanned(5000, 1, "thomas", np.float32)
-    assert _planner.solve_chunk(2000, 5000, 1, np.float32, **plan) > 0
-    assert _planner.solve_plan("native", "cpu", 100_000, 100, 1, np.float32,
-                               kind="thomas").tiling != tiles
-    assert _planner.solve_plan("native", "cpu", 2000, 500, 1, np.float32,
-                               kind="thomas").tiling.width >= 8
+    for dtype in (np.float32, np.float64):
+        tiles = _planner.CpuTiling(
+            "p", _planner.ROWS_TILE_VECTORS * _planner.vector_lanes(dtype))
+        assert _planner.solve_plan("native", "cpu", 100_000, 100, 1, dtype,
+                                   kind="thomas").tiling == tiles
+        assert _planner.solve_chunk(100_000, 100, 1, dtype, **plan) == 0
+        # Too few systems for a tile on every core: strided tiles, each core's share of the
+        # systems rounded up to whole groups of 8 lanes.
+        width = _planner.solve_plan("native", "cpu", 40, 100, 1, dtype, kind="thomas").tiling.width
+        assert width % 8 == 0 and width < -(-40 // _planner.cpu_cores()) + 8
+    complex_tiling = _planner.solve_plan("native", "cpu", 100_000, 100, 1, np.complex64,
+                                         kind="thomas").tiling
+    assert complex_tiling.width == max(8, 2 * _planner.vector_lanes(np.complex64))
 
 
 def test_gpu_plan_fills_the_sms_with_chunks_that_divide_n():

@@ -163,8 +163,8 @@ def test_factorization_matches_scipy(shape, axis, dtype):
     *((s, a, None) for s, a in CASES),
     ((9, 70), 0, [(9, 1), (9, 70), (1, 70)]),  # bands broadcast along the systems
     ((70, 9), -1, [(1, 9), (70, 9), (70, 1)]),  # batch-first (moved to columns on GPU)
-    # Contiguous rows scanned in vector registers on CPU (N >= 2 vectors, a last partial one):
-    # one long system, and batch-first bands shared by the systems or constant along them.
+    # Contiguous rows (rows moved by transposes on CPU, N not a multiple of their blocks): one
+    # long system, and batch-first bands shared by the systems or constant along them.
     ((1001,), 0, None),
     ((5, 101), -1, [(1, 101), (5, 101), (5, 1)]),
 ])

@@ -253,15 +253,15 @@ def test_compile_time_flat_in_n(monkeypatch):
             assert text10 <= 2.5 * text and kernels10 <= 2.5 * max(kernels, 1), programs
 
 
-# Batch-first systems (rows contiguous, the last axis): the native kernel scans each system's
-# rows inside vector registers (cpu_kernels.cc, ScanThomasLane), or, for many short float32
-# systems (`_planner._rows_by_tiles`), sweeps tiles of four vectors of systems row by row, their
-# rows moved by 8x8 transposes. Both paths on every machine (the planner's choice forced; a
-# whole tile and 5 systems of another), sizes around the vector length (8 or
-# 16 rows) and the transposes' blocks (16 rows), operands broadcast along either axis, the
-# transposed solve (the gradient w.r.t. rhs is A^{-T} x_bar), and matrices that are far from
-# diagonally dominant (exact powers of two in the rescaling, pivots near 0). The paths and the
-# sizes are the native kernel's; the other backends run one path (5 systems) at odd sizes.
+# Batch-first systems (rows contiguous, the last axis): the native kernel sweeps tiles of
+# systems row by row, their rows moved by 8x8 transposes: strided tiles of up to two vectors
+# of systems, or, for many short systems (`_planner._rows_by_tiles`), tiles of four vectors.
+# Both paths on every machine (the planner's choice forced; a whole tile and 5 systems of
+# another), sizes around the vector length (8 or 16 rows) and the transposes' blocks (16
+# rows), operands broadcast along either axis, the transposed solve (the gradient w.r.t. rhs is
+# A^{-T} x_bar), and matrices that are far from diagonally dominant (pivots near 0). The paths
+# and the sizes are the native kernel's; the other backends run one path (5 systems) at odd
+# sizes.
 BATCH_FIRST_SIZES = (8, 15, 16, 17, 31, 32, 33, 100, 1001)
 
 
@@ -272,13 +272,13 @@ def _batch_first_cases(paths):
             for n in (BATCH_FIRST_SIZES if b == "native" else (15, 33, 1001))]
 
 
-@pytest.mark.parametrize("backend, path, n", _batch_first_cases(("scanned", "tiles")))
+@pytest.mark.parametrize("backend, path, n", _batch_first_cases(("strided", "tiles")))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shared", ["none", "lower_by_all", "diag_per_system", "upper_scalar"])
 def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, n, dtype, shared,
                                                               monkeypatch):
     monkeypatch.setattr(_planner, "_rows_by_tiles", lambda P, N, dtype: path == "tiles")
-    P = 5 if path == "scanned" else _planner.ROWS_TILE_VECTORS * _planner.vector_lanes(dtype) + 5
+    P = 5 if path == "strided" else _planner.ROWS_TILE_VECTORS * _planner.vector_lanes(dtype) + 5
     shapes = [(P, n)] * 4
     shapes[{"none": 0, "lower_by_all": 0, "diag_per_system": 1, "upper_scalar": 2}[shared]] = {
         "none": (P, n), "lower_by_all": (1, n), "diag_per_system": (P, 1), "upper_scalar": (1, 1),
@@ -297,10 +297,9 @@ def test_batch_first_rows_every_size_broadcast_and_transposed(backend, path, n, 
     assert_close(vjp(jnp.asarray(cotangent, dtype))[3], want, dtype)
 
 
-# Factored solves of batch-first systems are scanned too (cpu_kernels.cc, ScanFactoredLane: two
-# linear scans over the stored factors): every size around the vector length, factors shared by
-# every system or of one system each, and the transposed solve behind the gradient w.r.t. rhs.
-@pytest.mark.parametrize("backend, n", [(b, n) for b, _, n in _batch_first_cases(("scanned",))])
+# Factored solves of batch-first systems: every size around the vector length, factors shared
+# by every system or of one system each, and the transposed solve behind the gradient w.r.t. rhs.
+@pytest.mark.parametrize("backend, n", [(b, n) for b, _, n in _batch_first_cases(("strided",))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shared", [False, True], ids=["per_system", "shared"])
 def test_batch_first_factored_every_size_and_transposed(backend, n, dtype, shared):
@@ -321,7 +320,7 @@ def test_batch_first_factored_every_size_and_transposed(backend, n, dtype, share
 @pytest.mark.parametrize("backend", backends())
 def test_batch_first_rows_not_dominant_match_the_row_sweep(backend):
     # Symmetric positive definite but not diagonally dominant, and an indefinite matrix whose
-    # leading minors stay away from zero: Thomas without pivoting works; so must the scan.
+    # leading minors stay away from zero: Thomas without pivoting works; so must every tile.
     rng = np.random.default_rng(7)
     n = 200
     lower = rng.uniform(-1, 1, (4, n))

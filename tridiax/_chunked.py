@@ -11,7 +11,13 @@ solves all chunks of all systems as one batch. Three steps, each a kernel sweep 
    x = y - v x[s_{c-1}] - w x[s_c]. Substituting its first and last rows into the separator
    rows leaves a tridiagonal system in the separators (the Schur complement), whose row s_c
    takes its lower band, diagonal and right-hand side from chunk c and the rest from chunk
-   c+1: six numbers per chunk, written by the kernel (`ends` below).
+   c+1: six numbers per chunk, written by the kernel (`ends` below). The reduced diagonal is
+   formed from the reduced row's sum, which the sweep gets from a fourth right-hand side,
+   the interior rows' sums r: with yr = T^{-1} r = 1 + v + w, row s_c sums to
+   (sub + d - sub yr_last) + beta (1 - yr_first). Formed directly, d - sub w_last - beta
+   v_first cancels to a few digits on weakly dominant matrices (a Poisson problem's reduced
+   diagonal is 2/(m+1), from terms of size 1), and the separators lose those digits; the sums
+   never subtract the row sums (small on such matrices) from the bands.
 2. **Reduced system**: one row per chunk, solved by the same planner and the same kernels
    (chunked again while it is long: the recursion is over the reduced size, a few levels
    deep). A periodic system's reduced system is periodic: its first chunk couples to the
@@ -64,9 +70,12 @@ def solve(kernels, l, d, u, b, *, plan: _planner.Plan, transposed: bool, kind: s
     periodic = kind == "periodic"
     flags = dict(transposed=transposed, periodic=periodic, pivoting=kind == "pivoted",
                  chunk=plan.chunk, tiling=plan.tiling)
-    lower, diag1, rhs1, diag2, upper, rhs2 = kernels.chunk_ends(l, d, u, b, **flags)
-    diag = diag1 + _next_chunk(diag2, periodic)
+    lower, sum1, rhs1, sum2, upper, rhs2 = kernels.chunk_ends(l, d, u, b, **flags)
     upper = _next_chunk(upper, periodic)
+    # The reduced diagonal from the reduced rows' sums (step 1): never the difference of the
+    # separator's diagonal and the two spikes' ends, which nearly cancel on weakly dominant
+    # matrices (Poisson problems), where the sums stay small and exact.
+    diag = ((sum1 + _next_chunk(sum2, periodic)) - lower) - upper
     rhs = rhs1 + _next_chunk(rhs2, periodic)
     P, C, Q = rhs.shape
     separators = solve_any(kernels, lower, diag, upper, rhs, plan=replan(P, C, Q),

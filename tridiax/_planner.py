@@ -71,13 +71,11 @@ ROWS_TILE_VECTORS = 4
 class CpuTiling:
     """A C++ tile: `width` lanes along `lanes` ("q": contiguous systems; "p": systems N*Q
     values apart; "c": chunks of one system; "cq": all Q systems of width / Q chunks, whose
-    rows of Q values are read as one run each). `scan`: a solve's whole contiguous systems
-    (Q == 1) are scanned one at a time inside vector registers (`scanned`) instead of swept
-    a tile of rows at a time."""
+    rows of Q values are read as one run each). Every lane is swept row after row, whatever
+    the tile: the tile decides only how rows are moved, never the order of operations."""
 
     lanes: str
     width: int
-    scan: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,39 +188,24 @@ def _scan_rows(dtype) -> int:
     return _native.scan_rows(cdt.itemsize)
 
 
-def scanned(N: int, Q: int, kind: str, dtype, *, chunk: int = 0, P: int = 1) -> bool:
-    """Whether the native kernel scans each system's rows inside vector registers, one system
-    at a time (cpu_kernels.cc, ScanThomasLane and ScanFactoredLane): plain and factored solves
-    of whole real systems of at least two vectors of rows, contiguous (Q == 1), where the
-    built kernel has the scans, but for many short float32 Thomas systems
-    (`_rows_by_tiles`)."""
-    if Q != 1 or kind not in ("thomas", "factored") or chunk:
-        return False
-    rows = _scan_rows(dtype)
-    if kind == "thomas" and _rows_by_tiles(P, N, dtype):
-        return False
-    return rows > 0 and N >= 2 * rows
-
-
 def _rows_by_tiles(P: int, N: int, dtype) -> bool:
-    """Whether P batch-first float32 systems of N rows sweep faster a tile of rows at a time
-    (tiles of ROWS_TILE_VECTORS vectors of systems, rows moved by 8x8 transposes) than scanned
-    one at a time: the scan's shuffles cost more than the transposes while every core gets a
-    whole tile and a tile's two work rows stay in its cache. 100 000 systems of 100 rows:
-    21.3 ms scanned against 17.0-17.5 ms by tiles of 32 (2-core Zen 3, AVX2); 17.0 against 14.1
-    ms by tiles of 64 (2-core Zen 4, AVX-512), and by tiles at every N from 25 to 1 000 (3-17%
-    faster). Only where the built kernel scans (else both go row by row anyway)."""
-    if jnp.dtype(compute_dtype(dtype)) != jnp.float32 or _scan_rows(dtype) == 0:
+    """Whether P batch-first real systems of N rows go by tiles of ROWS_TILE_VECTORS vectors of
+    systems (rows moved by 8x8 transposes) rather than the strided tiles of two vectors: more
+    chains of divisions in flight, while every core still gets a whole tile and a tile's two
+    work rows stay in its cache."""
+    cdt = jnp.dtype(compute_dtype(dtype))
+    if jnp.issubdtype(cdt, jnp.complexfloating):
         return False
     width = ROWS_TILE_VECTORS * vector_lanes(dtype)
-    return P >= cpu_cores() * width and 2 * N * width * 4 <= cpu_cache_bytes()
+    return P >= cpu_cores() * width and 2 * N * width * cdt.itemsize <= cpu_cache_bytes()
 
 
 def scanned_lanes(Q: int, dtype) -> bool:
     """Whether the native kernel can scan lanes Q values apart inside vector registers (linear
-    recurrences: cpu_kernels.cc, ScanLanes; Thomas solves: ScanGroups): real lanes whose rows
-    are contiguous (Q == 1), or rows of Q values, Q dividing a vector, all Q lanes of a tile
-    together (`cpu_tiling` gives such tiles where there are few systems)."""
+    recurrences: cpu_kernels.cc, ScanLanes), or move a chunk's rows of Q values as runs of one
+    vector (Thomas chunks: EndsOfRuns, SolveOfRuns): real lanes whose rows are contiguous
+    (Q == 1), or rows of Q values, Q dividing a vector, all Q lanes of a tile together
+    (`cpu_tiling` gives such tiles where there are few systems)."""
     rows = _scan_rows(dtype)
     return rows > 0 and (Q == 1 or (Q < rows and rows % Q == 0))
 
@@ -248,20 +231,6 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # 34, but (10^6, 64) 226 -> 300 and (64, 10^6) 190 -> 183; float64 (10^6, 16) 92 -> 58,
         # (16, 10^6) 89 -> 93.
         if kind == "pivoted" and systems >= cpu_cores() * 2 * vector_lanes(dtype):
-            return 0
-        # Batch-first Thomas solves scan one system at a time (`scanned`): whole systems as
-        # soon as every core has one. Their two work rows may spill to memory (4 array passes
-        # more), which still costs less than chunking: the chunked sweeps go row by row.
-        if backend == "native" and scanned(N, Q, kind, dtype, P=P) and P >= cpu_cores():
-            return 0
-        # Rows of a few values (an (N, 4) float32 field along axis 0) are scanned a chunk's Q
-        # lanes at a time: one group of Q systems whole, on one core, while the five arrays it
-        # moves fit in the last-level cache. Side by side, ms, chunked -> whole (2-core Zen 4,
-        # 32 MiB L3): float32 (10^5, 4) 0.54 -> 0.33, (10^5, 8) 0.89 -> 0.51, float64 (10^5,
-        # 4) 0.94 -> 0.48; past it chunks win: float32 (10^6, 4) 4.9 -> 5.6, float64 (3*10^5,
-        # 4) 2.0 -> 2.8.
-        if (backend == "native" and kind == "thomas" and P == 1 and Q > 1
-                and scanned_lanes(Q, dtype) and 5 * N * Q * itemsize <= cpu_last_cache_bytes()):
             return 0
         tiling = cpu_tiling(P, 1, Q, N, dtype, columns=2)
         wide = systems >= cpu_cores() * 2 * vector_lanes(dtype)
@@ -371,18 +340,15 @@ def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None) -> bool:
 
 
 def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
-               scan: bool = False, pivoted: bool = False) -> CpuTiling:
+               pivoted: bool = False) -> CpuTiling:
     """The C++ kernel's tile for P x C x Q lanes of `rows` rows, keeping `columns` work rows
     per lane: contiguous lanes along Q when Q fills a vector, or when a few of them (Q > 1)
     are chunked or too few systems to share out along P; else strided lanes (along P, or
     along the chunks when there are few systems) in blocks of up to two vectors, no wider than
-    each core's share. `scan`: systems scanned one at a time (`scanned`), where a tile is only
-    a share of the work; `pivoted`: chunks of pivoted solves."""
+    each core's share. `pivoted`: chunks of pivoted solves."""
     L = vector_lanes(dtype)
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
     cores = cpu_cores()
-    if scan:  # at least four tiles per core
-        return CpuTiling("p", int(np.clip(P // (4 * cores), 1, 2 * L)), scan=True)
     if Q == 1 and C == 1 and columns == 2 and not pivoted and _rows_by_tiles(P, rows, dtype):
         return CpuTiling("p", ROWS_TILE_VECTORS * L)
     if Q >= L and columns == 0:
@@ -482,9 +448,8 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
     rows = m or N
     columns = _chunk_work_rows(kind) if m else {"thomas": 2, "factored": 1, "periodic": 3,
                                                  "pivoted": 4}.get(kind, 2)
-    scan = backend == "native" and scanned(N, Q, kind, dtype, chunk=m, P=P)
-    return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=columns,
-                           block=block, scan=scan, pivoted=kind == "pivoted"))
+    return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=columns, block=block,
+                           pivoted=kind == "pivoted"))
 
 
 def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, *, linear: bool,
@@ -498,16 +463,13 @@ def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, 
 
 
 def factor_plan(backend: str, P: int, N: int, Q: int, dtype, *, block=None) -> Plan:
-    """The plan of one factorization (never chunked: each row is written as it is formed).
-    Contiguous real rows are scanned one system at a time, as the factored solve scans them
-    (cpu_kernels.cc, ScanFactorLane): tiles of a share of the systems."""
-    scan = backend == "native" and scanned(N, Q, "factored", dtype, P=P)
-    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0, block=block, scan=scan))
+    """The plan of one factorization (never chunked: each row is written as it is formed)."""
+    return Plan(0, _tiling(backend, P, 1, Q, N, dtype, columns=0, block=block))
 
 
-def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, scan=False, pivoted=False):
+def _tiling(backend, P, C, Q, rows, dtype, *, columns, block=None, pivoted=False):
     if backend == "native":
-        return cpu_tiling(P, C, Q, rows, dtype, columns=columns, scan=scan, pivoted=pivoted)
+        return cpu_tiling(P, C, Q, rows, dtype, columns=columns, pivoted=pivoted)
     if backend.startswith("pallas"):
         return block
     return None

@@ -25,15 +25,15 @@ Padding rows follow the separator and cannot reach the interior either. `transpo
 passed to the kernel, which reads the chunk view's transposed bands itself (sub[i] =
 upper[i-1], sup[i] = lower[i+1] within the chunk), so no shifted band copies are made.
 
-- `chunk_ends_pnq`: y = T^{-1} b, T^{-1} e_1 and T^{-1} e_n (scaled by alpha and omega
-  afterwards) from the kernel's first and last interior rows, and the six (P, C, Q) arrays of
-  the reduced system from them and the separator rows' band values. When the three bands are
-  broadcast along P or Q of the chunk view (a matrix shared by systems), the three right-hand
-  sides are stacked along that axis: ONE kernel call, one read of the bands, at the cost of a
-  copy of b into the stack. Otherwise THREE calls, one per right-hand side: the kernels
-  broadcast an operand only along an axis of size 1, so stacking would need three copies of
-  every band (more traffic than two more sweeps, whose spike right-hand sides (1, m, 1) cost
-  nothing to read).
+- `chunk_ends_pnq`: y = T^{-1} b, T^{-1} e_1, T^{-1} e_n (scaled by alpha and omega
+  afterwards) and yr = T^{-1} r (r: the rows' sums, formed by XLA) from the kernel's first and
+  last interior rows, and the six (P, C, Q) arrays of the reduced system from them and the
+  separator rows' band values. When the three bands are broadcast along P or Q of the chunk
+  view (a matrix shared by systems), the four right-hand sides are stacked along that axis:
+  ONE kernel call, one read of the bands, at the cost of a copy of b into the stack.
+  Otherwise FOUR calls, one per right-hand side: the kernels broadcast an operand only along
+  an axis of size 1, so stacking would need four copies of every band (more traffic than
+  three more sweeps, whose spike right-hand sides (1, m, 1) cost nothing to read).
 - `chunk_solve_pnq`: ONE kernel call on b with its end rows adjusted (b[0] -= alpha x[s_{c-1}],
   b[n-1] -= omega x[s_c], the native kernel's arithmetic), then the separators written into
   the separator rows of x in place.
@@ -41,10 +41,11 @@ upper[i-1], sup[i] = lower[i+1] within the chunk), so no shifted band copies are
 Memory traffic, in passes over one (P, N, Q) array, bands and b full, m dividing N: the
 omega-zeroed band copy 2 (shared by both sweeps when they run in one jit, by CSE); the Pallas
 thomas kernel reads 3 bands and b, writes and re-reads c' and y' and writes x: 9 passes per
-call, 8 for a spike (its right-hand side (1, m, 1) costs nothing to read). Ends: 9 + 2 * 8 = 25
-(three calls); stacked (bands broadcast, so small): 2 (b copied into the stack) + 6. Fix-up:
-2 (b adjusted) + 9. In all about 38 passes against the native partition method's 9 (and the
-floor's 5): the price of reusing whole-system kernels, which write every row of every sweep.
+call, 8 for a spike (its right-hand side (1, m, 1) costs nothing to read). Ends: 9 + 2 * 8 + 4
+(the row sums) + 9 = 38 (four calls); stacked (bands broadcast, so small): 3 (b and r copied
+into the stack) + 6. Fix-up: 2 (b adjusted) + 9. In all about 51 passes against the native
+partition method's 9 (and the floor's 5): the price of reusing whole-system kernels, which
+write every row of every sweep.
 A short last chunk adds a padding copy of each operand per sweep and a copy of x.
 
 **Recurrences.** `recurrence_ends_pnq`: the final states from zero, one kernel call with
@@ -224,12 +225,35 @@ def _couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool
     return alpha, beta, omega, seps
 
 
+def _row_sums(l, d, u, *, N: int, transposed: bool, periodic: bool) -> Array:
+    """The row sums of A (of A^T when `transposed`) along axis 1 of (P|1, N|1, Q|1) bands,
+    (P|1, N, Q|1): sub[i] + d[i] + sup[i], the corners included when `periodic`, lower[0] and
+    upper[N-1] left out otherwise (they lie outside the matrix and may hold anything)."""
+    def rows(v):
+        return jnp.broadcast_to(v, (v.shape[0], N, v.shape[2]))
+
+    l, d, u = rows(l), rows(d), rows(u)
+    if transposed:  # sub[i] = upper[i-1], sup[i] = lower[i+1], cyclically
+        sub = lax.concatenate([lax.slice_in_dim(u, N - 1, N, axis=1),
+                               lax.slice_in_dim(u, 0, N - 1, axis=1)], 1)
+        sup = lax.concatenate([lax.slice_in_dim(l, 1, N, axis=1),
+                               lax.slice_in_dim(l, 0, 1, axis=1)], 1)
+    else:
+        sub, sup = l, u
+    if not periodic:
+        i = lax.broadcasted_iota(np.int32, (1, N, 1), 1)
+        zero = jnp.zeros((), d.dtype)
+        sub, sup = jnp.where(i == 0, zero, sub), jnp.where(i == N - 1, zero, sup)
+    return (sub + d) + sup
+
+
 def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
                    pivoting: bool = False, stack: bool = True):
     """The partition method's first sweep over (P|1, N|1, Q|1) operands by the plain kernel
-    `solve` (its pivoted kind with `pivoting`): the six (P, C, Q) arrays (lower, diag1, rhs1,
-    diag2, upper, rhs2) of `_native.chunk_ends_pnq`, in b's dtype (the compute dtype).
-    `stack=False` always runs three sweeps (see `composed`)."""
+    `solve` (its pivoted kind with `pivoting`): the six (P, C, Q) arrays (lower, sum1, rhs1,
+    sum2, upper, rhs2) of `_native.chunk_ends_pnq`, in b's dtype (the compute dtype), the
+    reduced rows' sums from a fourth right-hand side, the rows' sums r (`_chunked.py`).
+    `stack=False` always runs four sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
     C, L = _check_chunk(N, m)
@@ -243,32 +267,36 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
     bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
                         pivoting=pivoting)
     bv = _view(b, P, N, C, m, fill=0)
+    rv = _view(_row_sums(l, d, u, N=N, transposed=transposed, periodic=periodic), P, N, C, m,
+               fill=0)
     rows = lax.broadcasted_iota(np.int32, (1, m, 1), 1)
     e_first = (rows == 0).astype(dtype)
     e_last = _row_mask(P, C, m, m - 2, L - 2).astype(dtype)
-    rhs = (bv, e_first, e_last)
+    rhs = (bv, e_first, e_last, rv)
     full = broadcast_shape(*bands, *rhs)
     run = functools.partial(solve, transposed=transposed, out_dtype=dtype,
                             kind="pivoted" if pivoting else "thomas", tiling=tiling)
-    stack = next((k for k in (2, 0) if all(v.shape[k] == 1 for v in bands + (e_last,))),
+    stack = next((k for k in (2, 0) if all(v.shape[k] == 1 for v in bands + (e_last, rv))),
                  None) if stack else None
     if stack is None:
-        # Three sweeps: see the module docstring (stacking would copy every band thrice).
-        y, v1, wn = (run(*bands, r) for r in rhs)
+        # Four sweeps: see the module docstring (stacking would copy every band four times).
+        y, v1, wn, yr = (run(*bands, r) for r in rhs)
     else:
         # One sweep: the bands broadcast along `stack`, where the right-hand sides are stacked.
         parts = [jnp.broadcast_to(r, full[:stack] + (r.shape[stack],) + full[stack + 1:])
                  for r in rhs]
         x = run(*bands, lax.concatenate(parts, stack))
         nb = parts[0].shape[stack]
-        y, v1, wn = (lax.slice_in_dim(x, lo, hi, axis=stack)
-                     for lo, hi in ((0, nb), (nb, nb + 1), (nb + 1, nb + 2)))
-    y, v1, wn = (_as_chunks(s, C) for s in (y, v1, wn))
+        y, v1, wn, yr = (lax.slice_in_dim(x, lo, hi, axis=stack) for lo, hi in
+                         ((0, nb), (nb, nb + 1), (nb + 1, nb + 2), (nb + 2, nb + 3)))
+    y, v1, wn, yr = (_as_chunks(s, C) for s in (y, v1, wn, yr))
     y_first, y_last = _pick(y, 0, 0), _pick(y, m - 2, L - 2)
-    v_first, v_last = alpha * _pick(v1, 0, 0), alpha * _pick(v1, m - 2, L - 2)
-    w_first, w_last = omega * _pick(wn, 0, 0), omega * _pick(wn, m - 2, L - 2)
-    out = (-sub_n * v_last, d_n - sub_n * w_last, b_n - sub_n * y_last,
-           -beta * v_first, -beta * w_first, -beta * y_first)
+    v_last = alpha * _pick(v1, m - 2, L - 2)
+    w_first = omega * _pick(wn, 0, 0)
+    yr_first, yr_last = _pick(yr, 0, 0), _pick(yr, m - 2, L - 2)
+    one = jnp.ones((), dtype)
+    out = (-sub_n * v_last, (sub_n + d_n) - sub_n * yr_last, b_n - sub_n * y_last,
+           beta * (one - yr_first), -beta * w_first, -beta * y_first)
     return tuple(jnp.broadcast_to(v, (P, C, Q)).astype(dtype) for v in out)
 
 

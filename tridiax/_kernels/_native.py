@@ -56,6 +56,13 @@ _TARGETS = {
 }
 
 
+# -march=native: the library is cached per CPU (the key includes its feature flags).
+# -ffp-contract=off: no multiply-add is fused into one rounding, so every code path (vector
+# loops, scalar tails, tiles of any width) rounds each operation as the sequential sweep
+# written out does, and a system gets the same answer, bit for bit, in any batch or layout.
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC")
+
+
 def _cpu_flags() -> str:
     try:
         text = pathlib.Path("/proc/cpuinfo").read_text()
@@ -74,9 +81,8 @@ def _vector_math_library() -> str | None:
 
 
 def _compile(compiler: str, out: pathlib.Path, *, vector_math: str | None) -> None:
-    # -march=native: the library is cached per CPU (the key includes its feature flags).
     # The sources compile side by side (each takes a while), then link into one library.
-    flags = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
+    flags = [compiler, *_FLAGS, "-I", jax.ffi.include_dir()]
     if vector_math:
         flags.append("-DTRIDIAX_LIBMVEC")
     objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
@@ -132,7 +138,7 @@ def _library_path() -> pathlib.Path:
     key = hashlib.sha256(
         b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
                     jax.__version__.encode(), _cpu_flags().encode(), compiler.encode(),
-                    str(_vector_math_library()).encode()])
+                    " ".join(_FLAGS).encode(), str(_vector_math_library()).encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"
@@ -246,7 +252,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
     shape = broadcast_shape(*operands)
     call = jax.ffi.ffi_call("tridiax_thomas_cpu", jax.ShapeDtypeStruct(shape, cdt))
     return call(*operands, transposed=transposed, kind=np.int64(_KINDS[kind]),
-                scan=bool(tiling.scan), **_tile_attrs(tiling)).astype(out_dtype)
+                **_tile_attrs(tiling)).astype(out_dtype)
 
 
 def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,

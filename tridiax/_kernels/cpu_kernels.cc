@@ -57,6 +57,7 @@ constexpr int64_t kNear = 2;  // blocks of kRows rows a strided lane is prefetch
 constexpr int64_t kGroupAhead = 1024;  // rows a CQ tile's chunks are prefetched ahead
 constexpr int64_t kScanRows = 16;  // the most rows one vector holds (ScanVector<T>::L)
 constexpr int64_t kSpareRows = 32;  // a solve tile's rows of per-lane values (Solver)
+constexpr int64_t kWholeTileBytes = 1 << 18;  // the most a tile's rows read whole may take
 
 // ---------------------------------------------------------------------------------------------
 // Operands and the 8x8 transposes.
@@ -294,14 +295,19 @@ void PrefetchRuns(const T* p, int64_t runs, int64_t apart, int64_t bytes) {
 
 // Rows of one operand for a tile's W lanes: Row(i) points at W values (lanes s < w valid) of
 // relative row i in [0, len). Contiguous lanes are read in place; broadcast ones filled; strided
-// ones moved a block of kRows rows at a time into `buf` (kRows x W values); CQ lanes likewise, a
-// run of Q values per chunk and row.
+// ones moved a block of `block_rows` rows at a time into `buf` (block_rows x W values); CQ lanes
+// likewise, a run of Q values per chunk and row. A block of every row of a tile (block_rows =
+// len: short batch-first systems, lanes one system after another) is read eight systems at a
+// time, their rows one range copied as one stream into `stage` (kBlock * len values) and
+// transposed from there: blocks of kRows rows of every lane would keep a stream per lane open,
+// more than the hardware prefetchers follow.
 template <typename T>
 class RowReader {
  public:
   void Init(const T* data, const Geometry::Strides& st, int64_t row, int64_t w, int64_t W,
-            int64_t len, T* buf) {
+            int64_t len, T* buf, int64_t block_rows = kRows, T* stage = nullptr) {
     base_ = data + st.base;
+    stage_ = stage;
     lanes_ = st;
     lanes_.base = 0;
     row_ = row;
@@ -309,10 +315,11 @@ class RowReader {
     W_ = W;
     len_ = len;
     buf_ = buf;
+    block_rows_ = block_rows;
     block_ = std::numeric_limits<int64_t>::min();
     if (lanes_.group > 1 && row_ != 0) {
       GroupPrefetch(0, kGroupAhead);
-    } else if (lanes_.lane > 1 && row_ == 1) {
+    } else if (lanes_.lane > 1 && row_ == 1 && block_rows_ == kRows) {
       Prefetch(0, kAhead);
       for (int64_t k = 0; k < kNear; ++k) NearPrefetch(k * kRows);
     }
@@ -320,9 +327,9 @@ class RowReader {
 
   inline __attribute__((always_inline)) const T* Row(int64_t i) {
     if (lanes_.lane == 1) return base_ + i * row_;
-    const int64_t b = row_ == 0 ? 0 : i / kRows;
+    const int64_t b = row_ == 0 ? 0 : i / block_rows_;
     if (b != block_) Load(b);
-    return buf_ + (row_ == 0 ? 0 : (i - b * kRows)) * W_;
+    return buf_ + (row_ == 0 ? 0 : (i - b * block_rows_)) * W_;
   }
 
   // Value of lane s at relative row i (any i: the caller knows it is inside the array).
@@ -369,7 +376,8 @@ class RowReader {
 
   void Load(int64_t b) {
     block_ = b;
-    const int64_t i0 = b * kRows, rows = row_ == 0 ? 1 : std::min(kRows, len_ - i0);
+    const int64_t i0 = b * block_rows_;
+    const int64_t rows = row_ == 0 ? 1 : std::min(block_rows_, len_ - i0);
     if (lanes_.group > 1) {
       if (row_ != 0) GroupPrefetch(i0 + kGroupAhead, kRows);
       MoveRuns<true>(const_cast<T*>(base_ + i0 * row_), lanes_.lane, row_, lanes_.group,
@@ -380,26 +388,39 @@ class RowReader {
       for (int64_t r = 0; r < rows; ++r) std::fill(buf_ + r * W_, buf_ + r * W_ + w_, At(0, i0 + r));
       return;
     }
-    int64_t s0 = 0;
-    if (row_ == 1) NearPrefetch(i0 + kNear * kRows);
-    if (row_ == 1 && rows == kRows) {
-      Prefetch(i0 + kAhead, kRows);
-      for (; s0 + kBlock <= w_; s0 += kBlock) {
-        for (int64_t r = 0; r < kRows; r += kBlock) {
-          Transpose8(base_ + s0 * lanes_.lane + i0 + r, lanes_.lane, buf_ + r * W_ + s0, W_);
+    // Whole 8x8 blocks (rows [0, full) of lanes [0, s0)) by transposes, the rest one by one.
+    int64_t s0 = 0, full = 0;
+    if (row_ == 1) {
+      if (block_rows_ == kRows) {
+        NearPrefetch(i0 + kNear * kRows);
+        if (rows == kRows) Prefetch(i0 + kAhead, kRows);
+      }
+      full = rows - rows % kBlock;
+      // A whole tile of contiguous systems: eight lanes' rows are one range, copied as one
+      // stream into `stage_` and transposed from there.
+      const bool staged = stage_ != nullptr && lanes_.lane == len_ && i0 == 0 && rows == len_;
+      for (; full > 0 && s0 + kBlock <= w_; s0 += kBlock) {
+        const T* from = base_ + s0 * lanes_.lane + i0;
+        if (staged) {
+          std::memcpy(stage_, from, kBlock * len_ * sizeof(T));
+          from = stage_;
+        }
+        for (int64_t r = 0; r < full; r += kBlock) {
+          Transpose8(from + r, lanes_.lane, buf_ + r * W_ + s0, W_);
         }
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* dst = buf_ + r * W_;
-      for (int64_t s = s0; s < w_; ++s) dst[s] = At(s, i0 + r);
+      for (int64_t s = r < full ? s0 : 0; s < w_; ++s) dst[s] = At(s, i0 + r);
     }
   }
 
   const T* base_;
   Geometry::Strides lanes_;  // lane s at base_ + lanes_.Offset(s)
-  int64_t row_, w_, W_, len_;
+  int64_t row_, w_, W_, len_, block_rows_;
   T* buf_;
+  T* stage_ = nullptr;  // kBlock * len values, for a whole tile's rows
   int64_t block_;
 };
 
@@ -419,20 +440,19 @@ void StoreRows(T* data, const Geometry::Strides& st, int64_t row, int64_t w, int
     for (int64_t r = 0; r < rows; ++r) std::copy(src + r * W, src + r * W + w, base + (i0 + r) * row);
     return;
   }
-  int64_t r0 = 0;
-  if (row == 1) {  // whole 8x8 blocks by transposes, aligned to the relative rows
-    for (; r0 + kBlock <= rows; r0 += kBlock) {
-      int64_t s0 = 0;
-      for (; s0 + kBlock <= w; s0 += kBlock) {
-        Transpose8(src + r0 * W + s0, W, base + s0 * lane + i0 + r0, lane);
-      }
-      for (int64_t r = r0; r < r0 + kBlock; ++r) {
-        for (int64_t s = s0; s < w; ++s) base[s * lane + (i0 + r) * row] = src[r * W + s];
+  // Whole 8x8 blocks (rows [0, full) of lanes [0, s0)) by transposes, eight lanes at a time
+  // (each lane's rows one after another), the rest one by one.
+  int64_t s0 = 0, full = 0;
+  if (row == 1) {
+    full = rows - rows % kBlock;
+    for (; full > 0 && s0 + kBlock <= w; s0 += kBlock) {
+      for (int64_t r = 0; r < full; r += kBlock) {
+        Transpose8(src + r * W + s0, W, base + s0 * lane + i0 + r, lane);
       }
     }
   }
-  for (int64_t r = r0; r < rows; ++r) {
-    for (int64_t s = 0; s < w; ++s) base[s * lane + (i0 + r) * row] = src[r * W + s];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t s = r < full ? s0 : 0; s < w; ++s) base[s * lane + (i0 + r) * row] = src[r * W + s];
   }
 }
 
@@ -516,18 +536,23 @@ T Split(T d0, T alpha, T u0) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Contiguous lanes, scanned inside vector registers.
+// Vectors of contiguous values: linear recurrences scanned inside vector registers, and rows of
+// runs.
 //
-// When a lane's rows (steps) lie next to each other in memory (Q == 1: batch-first data, or the
-// chunks of one long system), a vector holds L consecutive rows of ONE lane instead of one row
-// of L lanes, so the lane is read as one stream instead of through transposes. L steps of a
-// linear recurrence (c_i, x_i) compose by a log-step scan: at distance k = 1, 2, 4, ...,
+// When a recurrence's steps lie next to each other in memory (Q == 1: batch-first data), a
+// vector holds L consecutive steps of ONE lane instead of one step of L lanes, so the lane is
+// read as one stream instead of through transposes. L steps (c_i, x_i) compose by a log-step
+// scan: at distance k = 1, 2, 4, ...,
 //   x_i += c_i * x_{i-k},  c_i *= c_{i-k}     (lanes i < k take c = 1, x = 0),
 // after which h_i = c_i * h_in + x_i for every step and c_{L-1} is the product of the L
 // coefficients; the chain from one vector to the next is one multiply-add and one broadcast.
-// Reverse-time lanes scan towards lane 0. The Thomas elimination's c' follows the Moebius
-// recurrence c'_i = u_i / (d_i - l_i c'_{i-1}), a product of 2x2 matrices (MatrixScan); its y'
-// and the back substitution are linear recurrences. Real dtypes only.
+// Reverse-time lanes scan towards lane 0. Real dtypes only.
+//
+// Tridiagonal solves are never scanned: a scan composes the elimination in another order
+// (c' as products of 2x2 matrices, y' and x as log-step scans), which loses digits against
+// the sweep on the systems PDE users solve (implicit heat steps, near-singular Poisson
+// problems). Every solve keeps the sweep's order, row after row, in every lane; the vectors
+// here only move a solve's rows (RunRows).
 
 #if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && defined(__AVX2__)
 #define TRIDIAX_VECTOR_SCAN 1
@@ -571,10 +596,6 @@ struct ScanVector {
                      : (static_cast<int>(I) + K < L ? L + static_cast<int>(I) + K
                                                     : static_cast<int>(I)))...);
 #endif
-  }
-  template <int Lane, size_t... I>
-  static V Broadcast(V v, std::index_sequence<I...>) {
-    return __builtin_shufflevector(v, v, (static_cast<int>(I) * 0 + Lane)...);
   }
   // Lane i takes v[First + i % G]: lanes [First, First + G) repeated over the vector.
   template <int First, int G, size_t... I>
@@ -673,47 +694,17 @@ struct ScanVector {
       Scan<Up, 2 * K>(c, x, one, zero);
     }
   }
-  // Products of 2x2 matrices (m00 m01; m10 m11) over the lanes: lane i becomes M_i ... M_0.
-  template <int K = 1>
-  static inline __attribute__((always_inline)) void MatrixScan(V& m00, V& m01, V& m10, V& m11,
-                                                               V one, V zero) {
-    if constexpr (K < L) {
-      using Lanes = std::make_index_sequence<L>;
-      const V s00 = Shift<K, true>(m00, one, Lanes{}), s01 = Shift<K, true>(m01, zero, Lanes{});
-      const V s10 = Shift<K, true>(m10, zero, Lanes{}), s11 = Shift<K, true>(m11, one, Lanes{});
-      const V n00 = m00 * s00 + m01 * s10, n01 = m00 * s01 + m01 * s11;
-      const V n10 = m10 * s00 + m11 * s10, n11 = m10 * s01 + m11 * s11;
-      m00 = n00;
-      m01 = n01;
-      m10 = n10;
-      m11 = n11;
-      MatrixScan<2 * K>(m00, m01, m10, m11, one, zero);
-    }
-  }
-  // 2^-e for each lane's largest |a|, |b|, |c| = m 2^e (1 <= m < 2): an exact rescaling.
-  static V PowerScale(V a, V b, V c) {
-    using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
-    typedef I VI __attribute__((vector_size(kScanBytes)));
-    constexpr int bits = sizeof(T) == 4 ? 23 : 52;
-    constexpr I sign = ~(I(1) << (8 * sizeof(T) - 1));
-    constexpr I exponent = sizeof(T) == 4 ? I(0xff) << bits : I(0x7ff) << bits;
-    constexpr I twice_bias = sizeof(T) == 4 ? I(254) << bits : I(2046) << bits;
-    const V ma = (V)((VI)a & sign), mb = (V)((VI)b & sign), mc = (V)((VI)c & sign);
-    V m = ma > mb ? ma : mb;
-    m = m > mc ? m : mc;
-    return (V)(twice_bias - ((VI)m & exponent));
-  }
 };
 
-// Whether rows of q lanes share the scans' vectors (ScanLanes, ScanThomasLane): q divides the
-// vector's L lanes, 1 < q < L.
+// Whether rows of q lanes share a vector (ScanLanes, RunRows): q divides the vector's L lanes,
+// 1 < q < L.
 template <typename T>
 constexpr bool Groupable(int64_t q) {
   constexpr int64_t L = ScanVector<T>::L;
   return q > 1 && q < L && L % q == 0;
 }
 
-// f(std::integral_constant<int, q>{}) for a Groupable q (the scans are built for 2, 4 and 8);
+// f(std::integral_constant<int, q>{}) for a Groupable q (built for 2, 4 and 8);
 // false, f not called, for any other q.
 template <typename T, typename F>
 bool WithGroup(int64_t q, F&& f) {
@@ -726,204 +717,6 @@ bool WithGroup(int64_t q, F&& f) {
   return false;
 }
 
-// h_i = coef_i h_{i-1} + v_i over n >= 2L contiguous values of h, from h = 0 before row 0
-// (Up), or h_i = coef_i h_{i+1} + v_i from h = 0 after the last row, a vector of L values at a
-// time from that end. G lanes: rows of G values (G dividing L), each lane its own recurrence;
-// G = 1: one lane. The last vector taken is the L values at the other end, entered from the row
-// next to them (rows already done are scanned again, to the same values). terms(i0, coef, v)
-// gives coef and v of values [i0, i0 + L).
-template <typename T, bool Up, int G = 1, typename Terms>
-inline __attribute__((always_inline)) void ScanRows(T* h, int64_t n, Terms terms) {
-  using S = ScanVector<T>;
-  using V = typename S::V;
-  constexpr int L = S::L;
-  using Lanes = std::make_index_sequence<L>;
-  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
-  V h_in = zero;  // h of the row before (Up) or after the vector, in every lane
-  for (int64_t j = 0; j < n; j += L) {
-    int64_t i0 = Up ? j : n - L - j;
-    if (j + L > n) {
-      i0 = Up ? n - L : 0;
-      h_in = S::template LoadSteps<G>(h + (Up ? i0 - G : L), 0, 1);
-    }
-    V coef, v;
-    terms(i0, coef, v);
-    S::template Scan<Up, G>(coef, v, one, zero);
-    v = coef * h_in + v;
-    S::Store(h + i0, v);
-    h_in = S::template Repeat<Up ? L - G : 0, G>(v, Lanes{});
-  }
-}
-
-// The band vector of rows [r, r + L/G) (strides as LoadSteps reads them) with the G lanes of
-// its first row (Up) or of its last row zero: read a row further in and shifted back, so that
-// the row left out is never read (a transposed solve's sub and sup point a row before `upper`
-// and a row after `lower`).
-template <typename T, int G, bool Up>
-inline __attribute__((always_inline)) typename ScanVector<T>::V EdgeRows(const T* p, int64_t r,
-                                                                         int64_t step,
-                                                                         int64_t lane) {
-  using S = ScanVector<T>;
-  const auto v = S::template LoadSteps<G>(p + (Up ? r + 1 : r - 1) * step, step, lane);
-  return S::template Shift<G, Up>(v, S::Splat(T(0)), std::make_index_sequence<S::L>{});
-}
-
-// Vectors of L values of n >= L contiguous ones (rows of G lanes), from row 0: a last partial
-// vector is taken as values [n-L, n), and enter(i0) restarts the caller's carries from the row
-// before value i0 there (rows before that are done again, to the same values). body(i0, l, u)
-// gets the vector's sub and sup (row r, lane q of sub at sub[r*ss + q*sq], as LoadSteps reads
-// them; sup likewise), with sub of row 0 and sup of the last row zero: not read.
-template <typename T, int G = 1, typename Enter, typename Body>
-inline __attribute__((always_inline)) void RowVectors(const T* sub, int64_t ss, const T* sup,
-                                                      int64_t su, int64_t n, Enter enter,
-                                                      Body body, int64_t sq = 0,
-                                                      int64_t uq = 0) {
-  using S = ScanVector<T>;
-  using V = typename S::V;
-  constexpr int L = S::L;
-  for (int64_t i0 = 0; i0 < n; i0 += L) {
-    if (i0 + L > n) {
-      i0 = n - L;
-      enter(i0);
-    }
-    const int64_t r = i0 / G;
-    const V l = i0 == 0 ? EdgeRows<T, G, true>(sub, r, ss, sq)
-                        : S::template LoadSteps<G>(sub + r * ss, ss, sq);
-    const V u = i0 + L == n ? EdgeRows<T, G, false>(sup, r, su, uq)
-                            : S::template LoadSteps<G>(sup + r * su, su, uq);
-    body(i0, l, u);
-  }
-}
-
-// c' and 1/pivot of L consecutive values, rows of G lanes (l, d, u: their bands, l of row 0 and u
-// of row n-1 zero) from c' of the row before them (c_in, repeated over the vector), each lane
-// its own chain:
-//   c'_i = p_i / q_i with (p_i, q_i) = M_i ... M_0 (c'_in, 1), M_i = s_i (0 u_i; -l_i d_i),
-// s_i an exact power-of-two rescaling (the same Moebius map, bounded products), and
-//   1/pivot_i = 1/(d_i - l_i c'_{i-1}) = s_i q_{i-1} / q_i.
-template <typename T, int G = 1>
-inline __attribute__((always_inline)) void ScanPivots(typename ScanVector<T>::V l,
-                                                      typename ScanVector<T>::V d,
-                                                      typename ScanVector<T>::V u,
-                                                      typename ScanVector<T>::V c_in,
-                                                      typename ScanVector<T>::V& c,
-                                                      typename ScanVector<T>::V& r) {
-  using S = ScanVector<T>;
-  using V = typename S::V;
-  using Lanes = std::make_index_sequence<S::L>;
-  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
-  const V s = S::PowerScale(l, d, u);
-  V m00 = zero, m01 = u * s, m10 = -l * s, m11 = d * s;
-  S::template MatrixScan<G>(m00, m01, m10, m11, one, zero);
-  const V p = m00 * c_in + m01, q = m10 * c_in + m11;
-  const V rq = one / q;
-  c = p * rq;
-  r = s * S::template Shift<G, true>(q, one, Lanes{}) * rq;
-}
-
-// Thomas on one contiguous lane of n rows, or on G lanes of rows of G values (n: values):
-// sub(i) = sub[i*ss] for i >= 1, sup(i) = sup[i*su] for i <= n-2, d and b likewise (strides 0
-// or 1); with G lanes, row r, lane q of sub at sub[r*ss + q*lanes.sub] (ss = G, 0, or 1 where
-// the lanes share a value: LoadSteps), the others likewise; x written;
-// cp, yp: scratch of n values rounded up to whole vectors. Each vector of values: c' and
-// 1/pivot by ScanPivots, y'_i = (b_i - l_i y'_{i-1}) / pivot_i (a linear scan), then
-// x_i = y'_i - c'_i x_{i+1} (a reverse linear scan). Same eliminations
-// and pivots as the row-by-row sweep, composed in another order: rounding differs at the
-// level of the sweep's own (tests/test_solve.py compares both with scipy). `ends`, if given,
-// replaces the right-hand sides of the first and the last row (G values each: the partition
-// method's last sweep); n >= 2L.
-struct LaneStrides {
-  int64_t sub = 0, dia = 0, sup = 0, rhs = 0;
-};
-
-template <typename T, int G = 1>
-void ScanThomasLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T* sup,
-                    int64_t su, const T* rhs, int64_t sr, T* x, int64_t n, T* cp, T* yp,
-                    const T* ends = nullptr, LaneStrides lanes = {}) {
-  using S = ScanVector<T>;
-  using V = typename S::V;
-  constexpr int L = S::L;
-  using Lanes = std::make_index_sequence<L>;
-  const V one = S::Splat(T(1)), zero = S::Splat(T(0));
-  V c_in = zero, y_in = zero;  // c', y' of the row before the vector, repeated
-  const auto enter = [&](int64_t i0) {
-    c_in = S::template LoadSteps<G>(cp + i0 - G, 0, 1);
-    y_in = S::template LoadSteps<G>(yp + i0 - G, 0, 1);
-  };
-  const auto body = [&](int64_t i0, V l, V u) {
-    const V d = S::template LoadSteps<G>(dia + i0 / G * sd, sd, lanes.dia);
-    V b = S::template LoadSteps<G>(rhs + i0 / G * sr, sr, lanes.rhs);
-    if (ends != nullptr) {
-      for (int q = 0; q < G; ++q) {
-        if (i0 == 0) b[q] = ends[q];
-        if (i0 + L == n) b[L - G + q] = ends[G + q];
-      }
-    }
-    V c, r;  // c' and 1/pivot
-    ScanPivots<T, G>(l, d, u, c_in, c, r);
-    V coef = -l * r, y = b * r;
-    S::template Scan<true, G>(coef, y, one, zero);
-    y = coef * y_in + y;
-    S::Store(cp + i0, c);
-    S::Store(yp + i0, y);
-    c_in = S::template Repeat<L - G, G>(c, Lanes{});
-    y_in = S::template Repeat<L - G, G>(y, Lanes{});
-  };
-  RowVectors<T, G>(sub, ss, sup, su, n, enter, body, lanes.sub, lanes.sup);
-  // Back substitution from the last row.
-  ScanRows<T, false, G>(x, n, [&](int64_t i0, V& coef, V& v) {
-    coef = -S::Load(cp + i0, 1);
-    v = S::Load(yp + i0, 1);
-  });
-}
-
-// The stored factors A = L D V (Factored below) on one contiguous lane of n rows, with the
-// strides of ScanThomasLane: y_i = b_i - l_i y_{i-1} (sub: L's sub-diagonal l, sub(0) not read),
-// then x_i = m_i y_i - c'_i x_{i+1} (dia: m = 1/pivot, sup: c', sup(n-1) not read); two linear
-// scans, no division. y: scratch of n rows rounded up to whole vectors; n >= 2L.
-template <typename T>
-void ScanFactoredLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T* sup,
-                      int64_t su, const T* rhs, int64_t sr, T* x, int64_t n, T* yp) {
-  using S = ScanVector<T>;
-  using V = typename S::V;
-  constexpr int L = S::L;
-  // sub(0) and sup(n-1) are not read (EdgeRows).
-  ScanRows<T, true>(yp, n, [&](int64_t i0, V& coef, V& y) {
-    coef = -(i0 == 0 ? EdgeRows<T, 1, true>(sub, i0, ss, 0) : S::Load(sub + i0 * ss, ss));
-    y = S::Load(rhs + i0 * sr, sr);
-  });
-  ScanRows<T, false>(x, n, [&](int64_t i0, V& coef, V& v) {
-    coef = -(i0 + L == n ? EdgeRows<T, 1, false>(sup, i0, su, 0) : S::Load(sup + i0 * su, su));
-    v = S::Load(dia + i0 * sd, sd) * S::Load(yp + i0, 1);
-  });
-}
-
-// The factors of Factor below on one contiguous lane of n >= L rows (strides of ScanThomasLane;
-// the outputs lo, m, c contiguous), a vector of rows at a time (RowVectors): c' and m = 1/pivot
-// by ScanPivots, then l_i = lower_i m_{i-1}.
-template <typename T>
-void ScanFactorLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T* sup, int64_t su,
-                    T* lo, T* m, T* c, int64_t n) {
-  using S = ScanVector<T>;
-  using V = typename S::V;
-  constexpr int L = S::L;
-  using Lanes = std::make_index_sequence<L>;
-  const V zero = S::Splat(T(0));
-  V c_in = zero, m_in = zero;  // c' and m of the row before the vector, in every lane
-  const auto enter = [&](int64_t i0) {
-    c_in = S::Splat(c[i0 - 1]);
-    m_in = S::Splat(m[i0 - 1]);
-  };
-  RowVectors<T>(sub, ss, sup, su, n, enter, [&](int64_t i0, V l, V u) {
-    V cv, r;
-    ScanPivots<T>(l, S::Load(dia + i0 * sd, sd), u, c_in, cv, r);
-    S::Store(lo + i0, l * S::template Shift<1, true>(r, m_in, Lanes{}));
-    S::Store(m + i0, r);
-    S::Store(c + i0, cv);
-    c_in = S::template Broadcast<L - 1>(cv, Lanes{});
-    m_in = S::template Broadcast<L - 1>(r, Lanes{});
-  });
-}
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -941,10 +734,13 @@ void ScanFactorLane(const T* sub, int64_t ss, const T* dia, int64_t sd, const T*
 //            sup(n-1) couples row n-1 to s_c, the interior is x = y - v x[s_{c-1}] - w x[s_c].
 //            Substituted into the separator rows, that leaves a tridiagonal system in the
 //            separators, whose rows this sweep writes chunk by chunk (6 arrays (P, C, Q)):
-//              own row s_c:  lower = -sub(n) v_last,  diag1 = d(n) - sub(n) w_last,
+//              own row s_c:  lower = -sub(n) v_last,  sum1 = sub(n) + d(n) - sub(n) yr_last,
 //                            rhs1 = b(n) - sub(n) y_last;
-//              row s_{c-1}:  diag2 = -beta v_first,  upper = -beta w_first,
-//                            rhs2 = -beta y_first,   beta = sup(s_{c-1}).
+//              row s_{c-1}:  sum2 = beta (1 - yr_first),  upper = -beta w_first,
+//                            rhs2 = -beta y_first,   beta = sup(s_{c-1}),
+//            with yr = T^{-1} r, r the sums of the interior rows (alpha and omega included):
+//            sum1 + sum2 is the reduced row's sum, and its diagonal is that sum less its lower
+//            and upper entries (Reduced says why).
 //   kChunkSolve: the last sweep: each interior solved again with the separators known,
 //            b[0] -= alpha x[s_{c-1}], b[n-1] -= omega x[s_c]; x[s_c] written as given.
 // Without `periodic`, nothing couples into chunk 0 from before (alpha = beta = 0 there);
@@ -954,25 +750,20 @@ enum Mode : int64_t { kSolve = 0, kEnds = 1, kChunkSolve = 2 };
 template <typename T>
 class Solver {
  public:
-  // `scan`: whole contiguous lanes (Q == 1) of a kSolve scanned one at a time (the planner's
-  // choice: tridiax/_planner.py, `scanned`); otherwise they go by tiles of rows.
   Solver(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
-         bool transposed, int64_t kind, int64_t mode, bool periodic, bool scan = true)
+         bool transposed, int64_t kind, int64_t mode, bool periodic)
       : g_(g), outs_{outs[0], outs[1], outs[2], outs[3], outs[4], outs[5]}, transposed_(transposed),
-        kind_(kind), mode_(mode), periodic_(periodic), scan_(scan) {
+        kind_(kind), mode_(mode), periodic_(periodic) {
     for (int k = 0; k < 4; ++k) ops_[k] = ops[k];
     if (xsep != nullptr) xsep_ = *xsep;
   }
 
   int64_t tiles() const { return g_.tiles(); }
-  // c', y', z'/U2, 1/pivot (rows x W each), 4 reader blocks, kSpareRows spare rows; or, when
-  // every tile is scanned, c' and y' of one system (one group of systems); at least c' and y'
-  // of a tile's chunks where tiles may take SolveOfRuns.
+  // c', y', z'/U2, pivots (rows x W each), 4 reader blocks, kSpareRows spare rows; at least c'
+  // and y' of a tile's chunks where tiles may take SolveOfRuns.
   int64_t scratch_size() const {
-    const int64_t group = std::max<int64_t>(1, Group());
-    const int64_t scan = std::max(2 * (g_.chunk * group + kScanRows), RunsSize());
-    if (EveryTileScanned()) return scan;
-    return std::max(scan, (4 * g_.chunk + 4 * kRows + kSpareRows) * g_.W);
+    return std::max(RunsSize(), (4 * g_.chunk + 4 * ReaderRows() + kSpareRows) * g_.W +
+                                    kBlock * g_.N);
   }
 
   void Run(int64_t begin, int64_t end, T* scratch) const {
@@ -982,46 +773,13 @@ class Solver {
  private:
   const T* Data(int k) const { return static_cast<const T*>(ops_[k].data); }
 
-  // Whether lanes of `len` rows are scanned in vector registers (ScanThomasLane,
-  // ScanFactoredLane): plain and factored solves of contiguous real rows, and the last sweep of
-  // the partition method over contiguous float64 chunks (one long system), with two vectors of
-  // values at least (shorter ones sweep faster a tile at a time); `group` lanes at a time
-  // (Group).
-  bool Scanned(int64_t len, int64_t group = 1) const {
-#if defined(TRIDIAX_VECTOR_SCAN)
-    if constexpr (std::is_floating_point_v<T>) {
-      constexpr int64_t L = ScanVector<T>::L;
-      if (g_.Q != group || (mode_ == kSolve && group == 1 && !scan_)) return false;
-      if (kind_ == kFactored) return group == 1 && mode_ == kSolve && len >= 2 * L;
-      if (kind_ != kThomas) return false;
-      // The first sweep (kEnds) stays row by row: scanned, its three right-hand sides and the
-      // sums of pi y', pi v' cost 12.4 ms against 7-9 ms for 10^7 float32 rows (2-core Zen 4).
-      // So does the last sweep of contiguous float32 chunks: 10^7 rows took 24-25 ms row by
-      // row against 28-29 ms scanned with 8-lane vectors (2-core Zen 3, AVX2), and with
-      // 16-lane ones, in tiles of 16 chunks, 19.5-22.5 against 20.6-22.7 ms (2-core Zen 4,
-      // AVX-512, the same process, eight rounds). float64 scans faster (38.8-40.8 against
-      // 41.4-42.8 ms there).
-      if (mode_ == kChunkSolve && group == 1 && sizeof(T) == 4) return false;
-      return mode_ == kSolve ? len * group >= 2 * L
-                             : mode_ == kChunkSolve && (len - 1) * group >= 2 * L;
-    }
-#endif
-    return false;
-  }
-
-  // The lanes a scan takes together: 1 for contiguous lanes (Q == 1); Q for rows of a few
-  // values (Q dividing a vector), the values of a tile's group of Q lanes scanned as L/Q rows
-  // a vector (an (N, 4) float32 field along axis 0: 4 rows of 4 lanes), each band such rows,
-  // one row broadcast along N, or one value a row shared by the Q systems (LoadSteps); 0
-  // where lanes are not scanned.
-  int64_t Group() const {
-#if defined(TRIDIAX_VECTOR_SCAN)
-    if constexpr (std::is_floating_point_v<T>) {
-      if (g_.Q == 1) return 1;
-      return Groupable<T>(g_.Q) && kind_ == kThomas ? g_.Q : 0;
-    }
-#endif
-    return 0;
+  // Rows of a RowReader block: every row of a tile of whole batch-first systems (rows
+  // contiguous, lanes along P) while four operands' blocks take at most kWholeTileBytes,
+  // kRows otherwise.
+  int64_t ReaderRows() const {
+    const bool whole = mode_ == kSolve && g_.lanes == kLanesP && g_.Q == 1 &&
+                       4 * g_.N * g_.W * static_cast<int64_t>(sizeof(T)) <= kWholeTileBytes;
+    return whole ? std::max(g_.N, kRows) : kRows;
   }
 
   // The scratch of SolveOfRuns (c' and y' of a tile's chunks), where tiles may take it.
@@ -1049,44 +807,21 @@ class Solver {
     return false;
   }
 
-  // Whether ScannedTile holds for every tile. Tiles differ in their lanes' count and rows only
-  // at the ends of the main tiles and of the tail tiles (a narrower last block, a shorter last
-  // chunk), so those four are checked; grouped scans leave some tail tiles (lanes along P) to
-  // the row-by-row sweep.
-  bool EveryTileScanned() const {
-    const int64_t n = g_.tiles(), m = g_.main_tiles;
-    for (const int64_t t : {int64_t{0}, m - 1, m, n - 1}) {
-      if (t >= 0 && t < n && !ScannedTile(g_.At(t))) return false;
-    }
-    return true;
-  }
-
-  // Whether this tile's lanes are whole groups of Group() lanes, each scanned.
-  bool ScannedTile(const Tile& tile) const {
-    const int64_t group = Group();
-    if (group == 0) return false;
-    if (group > 1) {
-      const bool groups = tile.lanes == kLanesCQ ||
-                          (tile.lanes == kLanesQ && tile.q == 0 && tile.w == group);
-      if (!groups) return false;
-    }
-    return Scanned(tile.len, group);
-  }
-
   void SolveTile(const Tile& tile, T* scratch) const {
     const int64_t W = g_.W, len = tile.len, w = tile.w;
     if (SolvedOfRuns(tile, scratch)) return;
-    if (ScannedTile(tile)) return ScanTile(tile, scratch);
     T* c = scratch;
     T* y = c + len * W;
     T* z = y + len * W;
     T* v = z + len * W;
+    const int64_t block_rows = ReaderRows();
     T* blocks = v + len * W;
-    T* spare = blocks + 4 * kRows * W;  // kSpareRows rows of W
+    T* spare = blocks + 4 * block_rows * W;  // kSpareRows rows of W
     RowReader<T> rd[4];
     for (int k = 0; k < 4; ++k) {
       const auto st = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-      rd[k].Init(Data(k), st, ops_[k].sn, w, W, len, blocks + k * kRows * W);
+      rd[k].Init(Data(k), st, ops_[k].sn, w, W, len, blocks + k * block_rows * W, block_rows,
+                 block_rows == kRows ? nullptr : spare + kSpareRows * W);
     }
     const int kl = transposed_ ? 2 : 0, ku = transposed_ ? 0 : 2;
     // sub(i), i >= 1, and sup(i), i <= len - 2, inside the tile's rows.
@@ -1102,7 +837,7 @@ class Solver {
     if (kind_ == kFactored) {
       Factored(sub, dia, sup, rhs, y, W, w, len);
     } else if (kind_ == kThomas) {
-      Eliminate(sub, dia, sup, rhs, nullptr, nullptr, nullptr, c, y, nullptr, nullptr, W, w, len);
+      Eliminate(sub, dia, sup, rhs, nullptr, nullptr, c, y, W, w, len);
       BackSubstitute(c, y, W, w, len);
     } else if (kind_ == kPivoted) {
       Pivoted(sub, dia, sup, rhs, spare, v, c, z, y, W, w, len);
@@ -1120,24 +855,21 @@ class Solver {
     StoreRows(outs_[0], st, g_.Q, w, W, 0, len, y);
   }
 
-  // Thomas forward elimination of rows [0, n): c' into c (c'[n-1] = 0: row n-1's sup is never
-  // read), y' into y. `b0` and `bl`, if given, replace the right-hand sides of rows 0 and n-1
-  // (n >= 2 for `bl`). With `spike` given, z' = T^{-1}(spike e_1) rides along into z; with
-  // `last_r` given, 1/pivot of row n-1 is stored there.
+  // Thomas forward elimination of rows [0, n), dividing by each pivot p[i] = d[i] -
+  // sub[i] c'[i-1]: c'[i] = sup[i] / p[i] into c (c'[n-1] = 0: row n-1's sup is never read),
+  // y'[i] = (b[i] - sub[i] y'[i-1]) / p[i] into y. `b0` and `bl`, if given, replace the
+  // right-hand sides of rows 0 and n-1 (n >= 2 for `bl`).
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
-  void Eliminate(Sub sub, Dia dia, Sup sup, Rhs rhs, const T* b0, const T* bl, const T* spike,
-                 T* c, T* y, T* z, T* last_r, int64_t W, int64_t w, int64_t n) const {
+  void Eliminate(Sub sub, Dia dia, Sup sup, Rhs rhs, const T* b0, const T* bl, T* c, T* y,
+                 int64_t W, int64_t w, int64_t n) const {
     {
       const T* __restrict__ d0 = dia(0);
       const T* __restrict__ r0 = b0 != nullptr ? b0 : rhs(0);
       const T* __restrict__ u0 = n > 1 ? sup(0) : nullptr;
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) {
-        const T r = T(1) / d0[s];
-        c[s] = n > 1 ? u0[s] * r : T(0);
-        y[s] = r0[s] * r;
-        if (spike != nullptr) z[s] = spike[s] * r;
-        if (n == 1 && last_r != nullptr) last_r[s] = r;
+        c[s] = n > 1 ? u0[s] / d0[s] : T(0);
+        y[s] = r0[s] / d0[s];
       }
     }
     for (int64_t i = 1; i < n; ++i) {
@@ -1148,34 +880,19 @@ class Solver {
       const T* __restrict__ yp = y + (i - 1) * W;
       T* __restrict__ ci = c + i * W;
       T* __restrict__ yi = y + i * W;
-      if (!last && spike == nullptr) {
+      if (!last) {
         const T* __restrict__ u = sup(i);
 #pragma GCC ivdep
         for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] - a[s] * cp[s]);
-          ci[s] = u[s] * r;
-          yi[s] = (b[s] - a[s] * yp[s]) * r;
-        }
-      } else if (!last) {
-        const T* __restrict__ u = sup(i);
-        const T* __restrict__ zp = z + (i - 1) * W;
-        T* __restrict__ zi = z + i * W;
-#pragma GCC ivdep
-        for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] - a[s] * cp[s]);
-          ci[s] = u[s] * r;
-          yi[s] = (b[s] - a[s] * yp[s]) * r;
-          zi[s] = -a[s] * zp[s] * r;
+          const T p = d[s] - a[s] * cp[s];
+          ci[s] = u[s] / p;
+          yi[s] = (b[s] - a[s] * yp[s]) / p;
         }
       } else {
-        const T* __restrict__ zp = spike != nullptr ? z + (i - 1) * W : nullptr;
-        T* __restrict__ zi = spike != nullptr ? z + i * W : nullptr;
+#pragma GCC ivdep
         for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] - a[s] * cp[s]);
           ci[s] = T(0);
-          yi[s] = (b[s] - a[s] * yp[s]) * r;
-          if (zi != nullptr) zi[s] = -a[s] * zp[s] * r;
-          if (last_r != nullptr) last_r[s] = r;
+          yi[s] = (b[s] - a[s] * yp[s]) / (d[s] - a[s] * cp[s]);
         }
       }
     }
@@ -1206,71 +923,6 @@ class Solver {
                        : std::pair<T, T>{lower[0], up_before};
   }
 
-  // Lanes whose rows are contiguous (Q == 1), one at a time, by ScanThomasLane (ScanFactoredLane
-  // for stored factors): whole systems (kSolve), or the partition method's last sweep over
-  // chunks (kChunkSolve: a chunk's interior rows 0..n-1 with the separators moved to the
-  // right-hand sides of rows 0 and n-1, as Chunk does, and its separator row n written as
-  // given). The chunks of one long system:
-  // 8-11 ms -> 7-8 ms for 10^7 float32 rows, where the strided sweep waits on the transposed
-  // loads of 32 chunks at once (2-core Zen 4).
-  void ScanTile(const Tile& tile, T* scratch) const {
-#if defined(TRIDIAX_VECTOR_SCAN)
-    if constexpr (std::is_floating_point_v<T>) {
-      const auto groups = [&](auto G) { ScanGroups<decltype(G)::value>(tile, scratch); };
-      if (!WithGroup<T>(Group(), groups)) ScanGroups<1>(tile, scratch);
-    }
-#endif
-  }
-
-#if defined(TRIDIAX_VECTOR_SCAN)
-  // The tile's lanes G at a time (ScanTile): G = 1, one contiguous lane; else rows of G values.
-  template <int G>
-  void ScanGroups(const Tile& tile, T* scratch) const {
-    constexpr int64_t L = ScanVector<T>::L;
-    const bool chunks = mode_ == kChunkSolve;
-    const int64_t n = chunks ? tile.len - 1 : tile.len;  // rows
-    const int64_t rows = (n * G + L - 1) / L * L;        // scratch values
-    Geometry::Strides st[4];  // lower, diag, upper, rhs
-    for (int k = 0; k < 4; ++k) st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-    const auto at = [&](int k, int64_t s) { return Data(k) + st[k].At(s); };
-    const int64_t sl = ops_[0].sn, sd = ops_[1].sn, su = ops_[2].sn, sr = ops_[3].sn;
-    LaneStrides lanes;
-    if constexpr (G > 1) {
-      lanes = {transposed_ ? ops_[2].sq : ops_[0].sq, ops_[1].sq,
-               transposed_ ? ops_[0].sq : ops_[2].sq, ops_[3].sq};
-    }
-    const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-    for (int64_t s = 0; s < tile.w; s += G) {
-      T* x = outs_[0] + so.At(s);
-      T ends[2 * G];
-      if (chunks) {
-        for (int q = 0; q < G; ++q) {
-          // This chunk's separator, and the previous one times its coupling to row 0.
-          const auto [xl, xr] = Separators(tile, s + q);
-          const T alpha = Couplings(tile, s + q, at(0, s + q), at(2, s + q)).first;
-          const T omega = transposed_ ? at(0, s + q)[n * sl] : at(2, s + q)[(n - 1) * su];
-          ends[q] = at(3, s + q)[0] - alpha * xl;
-          ends[G + q] = at(3, s + q)[(n - 1) * sr] - omega * xr;
-          x[n * G + q] = xr;
-        }
-      }
-      // Transposed: sub(i) = upper[i-1], sup(i) = lower[i+1].
-      const T* sub = transposed_ ? at(2, s) - su : at(0, s);
-      const T* sup = transposed_ ? at(0, s) + sl : at(2, s);
-      if constexpr (G == 1) {
-        if (kind_ == kFactored) {
-          ScanFactoredLane<T>(sub, transposed_ ? su : sl, at(1, s), sd, sup,
-                              transposed_ ? sl : su, at(3, s), sr, x, n, scratch);
-          continue;
-        }
-      }
-      ScanThomasLane<T, G>(sub, transposed_ ? su : sl, at(1, s), sd, sup, transposed_ ? sl : su,
-                           at(3, s), sr, x, n * G, scratch, scratch + rows,
-                           chunks ? ends : nullptr, lanes);
-    }
-  }
-#endif
-
   // x[i] = y'[i] - c'[i] x[i+1] in place in y, from x[n-1] = y'[n-1].
   void BackSubstitute(const T* c, T* y, int64_t W, int64_t w, int64_t n) const {
     for (int64_t i = n - 2; i >= 0; --i) {
@@ -1283,11 +935,13 @@ class Solver {
   }
 
   // The first sweep of the partition method on one tile of chunks: one forward elimination of
-  // the interior rows 0..n-1 carried in registers, nothing stored. The last values of y, v and
-  // w come straight from it (c'[n-1] = 0); their first values x[0] = sum_i pi_i x'[i] with
-  // pi_0 = 1, pi_{i+1} = -pi_i c'[i] (the back substitution unrolled from row 0) accumulate
-  // along, and w' is zero but for omega/pivot in row n-1. |c'| < 1 for the diagonally dominant
-  // matrices the unpivoted partition method is for, so pi decays.
+  // the interior rows 0..n-1 carried in registers, nothing stored, for four right-hand sides:
+  // b (y), alpha e_1 (v), omega e_n (w) and the interior rows' sums r (yr = T^{-1} r, the
+  // interior of the answer to A x = A 1). The last values come straight from it (c'[n-1] = 0);
+  // the first ones x[0] = sum_i pi_i x'[i] with pi_0 = 1, pi_{i+1} = -pi_i c'[i] (the back
+  // substitution unrolled from row 0) accumulate along, and w' is zero but for omega/pivot in
+  // row n-1. |c'| < 1 for the diagonally dominant matrices the unpivoted partition method is
+  // for, so pi decays. Row sums: see Reduced.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void Ends(const Tile& tile, Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha, const T* beta,
             const T* omega, T* work) const {
@@ -1301,62 +955,71 @@ class Solver {
       if (tile.lanes == kLanesCQ && WithGroup<T>(g_.Q, runs) && done) return;
     }
 #endif
-    T* __restrict__ cp = work;  // c'[i-1], y'[i-1], v'[i-1], pi_i, sum pi y', sum pi v'
+    // c'[i-1], y'[i-1], v'[i-1], yr'[i-1], pi_i, and the sums of pi y', pi v', pi yr'.
+    T* __restrict__ cp = work;
     T* __restrict__ yp = work + W;
     T* __restrict__ vp = work + 2 * W;
-    T* __restrict__ pi = work + 3 * W;
-    T* __restrict__ ys = work + 4 * W;
-    T* __restrict__ vs = work + 5 * W;
-    T* __restrict__ wl = work + 6 * W;
+    T* __restrict__ rp = work + 3 * W;
+    T* __restrict__ pi = work + 4 * W;
+    T* __restrict__ ys = work + 5 * W;
+    T* __restrict__ vs = work + 6 * W;
+    T* __restrict__ rs = work + 7 * W;
+    T* __restrict__ wl = work + 8 * W;
     {
       const T *__restrict__ d = dia(0), *__restrict__ b = rhs(0);
-      const T* __restrict__ u = n > 1 ? sup(0) : nullptr;
+      const T* __restrict__ u = n > 1 ? sup(0) : omega;
       for (int64_t s = 0; s < w; ++s) {
-        const T r = T(1) / d[s];
-        cp[s] = n > 1 ? u[s] * r : T(0);
-        yp[s] = ys[s] = b[s] * r;
-        vp[s] = vs[s] = alpha[s] * r;
+        cp[s] = n > 1 ? u[s] / d[s] : T(0);
+        yp[s] = ys[s] = b[s] / d[s];
+        vp[s] = vs[s] = alpha[s] / d[s];
+        rp[s] = rs[s] = (alpha[s] + d[s] + u[s]) / d[s];
         pi[s] = T(1);
-        wl[s] = omega[s] * r;
+        wl[s] = omega[s] / d[s];
       }
     }
     for (int64_t i = 1; i < n; ++i) {
       const T *__restrict__ a = sub(i), *__restrict__ d = dia(i), *__restrict__ b = rhs(i);
-      const T* __restrict__ u = i + 1 < n ? sup(i) : nullptr;
-      if (u != nullptr) {
+      if (i + 1 < n) {
+        const T* __restrict__ u = sup(i);
 #pragma GCC ivdep
         for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          const T q = d[s] - a[s] * cp[s];
           const T p = -pi[s] * cp[s];
-          const T y = (b[s] - a[s] * yp[s]) * r;
-          const T v = -a[s] * vp[s] * r;
-          cp[s] = u[s] * r;
+          const T y = (b[s] - a[s] * yp[s]) / q;
+          const T v = -a[s] * vp[s] / q;
+          const T r = ((a[s] + d[s] + u[s]) - a[s] * rp[s]) / q;
+          cp[s] = u[s] / q;
           yp[s] = y;
           vp[s] = v;
+          rp[s] = r;
           pi[s] = p;
           ys[s] += p * y;
           vs[s] += p * v;
+          rs[s] += p * r;
         }
       } else {
         for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] - a[s] * cp[s]);
+          const T q = d[s] - a[s] * cp[s];
           const T p = -pi[s] * cp[s];
-          const T y = (b[s] - a[s] * yp[s]) * r;
-          const T v = -a[s] * vp[s] * r;
+          const T y = (b[s] - a[s] * yp[s]) / q;
+          const T v = -a[s] * vp[s] / q;
+          const T r = ((a[s] + d[s] + omega[s]) - a[s] * rp[s]) / q;
           yp[s] = y;
           vp[s] = v;
+          rp[s] = r;
           pi[s] = p;
           ys[s] += p * y;
           vs[s] += p * v;
-          wl[s] = omega[s] * r;
+          rs[s] += p * r;
+          wl[s] = omega[s] / q;
         }
       }
     }
     const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
-    T* o = work + 7 * W;  // 6 rows: the reduced system's contributions
+    T* o = work + 9 * W;  // 6 rows: the reduced system's contributions
     for (int64_t s = 0; s < w; ++s) {
-      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s]},
-              {ys[s], vs[s], pi[s] * wl[s]});
+      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s], rp[s]},
+              {ys[s], vs[s], pi[s] * wl[s], rs[s]});
     }
     StoreReduced(tile, o);
   }
@@ -1441,35 +1104,41 @@ class Solver {
     const auto prefetch = [&](int64_t i) { rows.Prefetch(i, kRows); };
     const V one = S::Splat(T(1)), zero = S::Splat(T(0));
     const V om = S::Load(omega, 1);
-    V cp, yp, vp, pi = one, ys, vs, wl;
+    V cp, yp, vp, rp, pi = one, ys, vs, rs, wl;  // as Ends
     {
-      const V r = one / load(1, 0);
-      cp = n > 1 ? load(2, 0) * r : zero;
-      yp = ys = load(3, 0) * r;
-      vp = vs = S::Load(alpha, 1) * r;
-      wl = om * r;
+      const V p = load(1, 0);
+      const V u = n > 1 ? load(2, 0) : om;
+      cp = n > 1 ? u / p : zero;
+      yp = ys = load(3, 0) / p;
+      const V al = S::Load(alpha, 1);
+      vp = vs = al / p;
+      rp = rs = (al + p + u) / p;
+      wl = om / p;
     }
     // Rows 1..n-1; the last has no sup and gives w's last value.
     for (int64_t i = 1; i < n; ++i) {
       if (i % kRows == 0 && i - kRows + kGroupAhead < n) prefetch(i - kRows + kGroupAhead);
-      const V a = load(0, i);
-      const V r = one / (load(1, i) - a * cp);
+      const V a = load(0, i), d = load(1, i);
+      const V u = i + 1 < n ? load(2, i) : om;
+      const V p = d - a * cp;
       pi = -pi * cp;
-      yp = (load(3, i) - a * yp) * r;
-      vp = -a * vp * r;
+      yp = (load(3, i) - a * yp) / p;
+      vp = -a * vp / p;
+      rp = ((a + d + u) - a * rp) / p;
       ys += pi * yp;
       vs += pi * vp;
+      rs += pi * rp;
       if (i + 1 < n) {
-        cp = load(2, i) * r;
+        cp = u / p;
       } else {
-        wl = om * r;
+        wl = om / p;
       }
     }
     const V sn = load(0, n), dn = load(1, n), bn = load(3, n);
-    T* o = work + 7 * W;  // 6 rows: the reduced system's contributions, as Ends
+    T* o = work + 9 * W;  // 6 rows: the reduced system's contributions, as Ends
     for (int64_t s = 0; s < L; ++s) {
-      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s]},
-              {ys[s], vs[s], pi[s] * wl[s]});
+      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s], rp[s]},
+              {ys[s], vs[s], pi[s] * wl[s], rs[s]});
     }
     StoreReduced(tile, o);
     return true;
@@ -1478,10 +1147,7 @@ class Solver {
   // The partition method's last sweep (kChunkSolve, Thomas) on a CQ tile of exactly one vector
   // of lanes, its rows read by RunRows: the forward elimination row by row with c' and y' in
   // registers and stored to `scratch` (2 n L values), then the back substitution, each row of x
-  // stored as its runs. ScanGroups scans each chunk's G lanes instead, L/G rows a vector,
-  // whose log-step products of 2x2 matrices cost more than the divisions they spare: the last
-  // sweep of a (10^6, 4) float32 field took 2.0-2.3 ms that way against 1.3-1.8 ms this way
-  // (2-core Zen 4, side by side). False, nothing done, for other tiles.
+  // stored as its runs. False, nothing done, for other tiles.
   template <int G>
   __attribute__((noinline)) bool SolveOfRuns(const Tile& tile, T* scratch) const {
     using S = ScanVector<T>;
@@ -1515,9 +1181,9 @@ class Solver {
     T* y_rows = scratch + n * L;
     V cp, yp;
     {
-      const V r = one / rows.Load(1, 0);
-      cp = n > 1 ? rows.Load(2, 0) * r : zero;
-      yp = b0 * r;
+      const V p = rows.Load(1, 0);
+      cp = n > 1 ? rows.Load(2, 0) / p : zero;
+      yp = b0 / p;
       S::Store(c_rows, cp);
       S::Store(y_rows, yp);
     }
@@ -1525,13 +1191,13 @@ class Solver {
       const int64_t ahead = i - kRows + kGroupAhead;
       if (i % kRows == 0 && ahead < n) rows.Prefetch(ahead, std::min(kRows, n - ahead));
       const V a = rows.Load(0, i);
-      const V r = one / (rows.Load(1, i) - a * cp);
+      const V p = rows.Load(1, i) - a * cp;
       if (i + 1 < n) {
-        yp = (rows.Load(3, i) - a * yp) * r;
-        cp = rows.Load(2, i) * r;
+        yp = (rows.Load(3, i) - a * yp) / p;
+        cp = rows.Load(2, i) / p;
         S::Store(c_rows + i * L, cp);
       } else {  // row n-1: no sup; its right-hand side less omega x[s_c]
-        yp = (rows.Load(3, i) - right_coupled - a * yp) * r;
+        yp = (rows.Load(3, i) - right_coupled - a * yp) / p;
       }
       S::Store(y_rows + i * L, yp);
     }
@@ -1547,18 +1213,25 @@ class Solver {
 #endif
 
   // The first and last values of y, v and w in one chunk's interior.
+  // The first and last values of y, v, w and yr (T^{-1} r, r the interior rows' sums) in one
+  // chunk's interior.
   struct Spikes {
-    T y, v, w;
+    T y, v, w, r;
   };
 
   // Lane s's six contributions to the reduced system (see Mode) into rows of `o` (W apart):
-  // from its separator row (sub, dia, rhs) and the previous separator's coupling beta.
+  // from its separator row (sub, dia, rhs) and the previous separator's coupling beta. The
+  // reduced diagonal is not formed as d - sub w_last - beta v_first, two-sided elimination
+  // whose terms nearly cancel on weakly dominant matrices (a Poisson problem's reduced
+  // diagonal is 2/(m+1) from terms of size 1), but from the reduced row's sum: with
+  // yr = T^{-1} r = 1 + v + w, that sum is (sub + d - sub yr_last) + beta (1 - yr_first),
+  // in which the row sums r (small on such matrices) are never cancelled against the bands.
   void Reduced(T* o, int64_t s, T sn, T dn, T bn, T beta, Spikes last, Spikes first) const {
     const int64_t W = g_.W;
     o[s] = -sn * last.v;
-    o[W + s] = dn - sn * last.w;
+    o[W + s] = (sn + dn) - sn * last.r;
     o[2 * W + s] = bn - sn * last.y;
-    o[3 * W + s] = -beta * first.v;
+    o[3 * W + s] = beta * (T(1) - first.r);
     o[4 * W + s] = -beta * first.w;
     o[5 * W + s] = -beta * first.y;
   }
@@ -1569,45 +1242,49 @@ class Solver {
   }
 
   // The first sweep with partial pivoting inside each chunk: Pivoted's elimination of the
-  // interior rows 0..n-1 for the three right-hand sides b, alpha e_1 and omega e_n at once,
-  // carried in registers, nothing stored. The last values are those of U's last row; the
-  // first ones are x[0] = sum_i pi_i y'[i] with pi = e_1^T U^{-1}, which U's rows give as they
-  // are formed: pi_i = (delta_i0 - pi_{i-1} U1[i-1] - pi_{i-2} U2[i-2]) / pivot_i. With the
-  // multipliers at most 1 in magnitude, |pi| is bounded by the chunk's ||T^{-1}||: the
-  // conditioning of the chunk, not the elimination, bounds it. `work`: 20 rows. Each step's
-  // interchange is Pivoted's, written out again: one always-inline helper for both loops
-  // made the sequential pivoted solve of (100, 100 000) 15-20% slower (GCC 12, Zen 4).
+  // interior rows 0..n-1 for the four right-hand sides b, alpha e_1, omega e_n and the row
+  // sums r (as Ends) at once, carried in registers, nothing stored. The last values are those
+  // of U's last row; the first ones are x[0] = sum_i pi_i y'[i] with pi = e_1^T U^{-1}, which
+  // U's rows give as they are formed: pi_i = (delta_i0 - pi_{i-1} U1[i-1] - pi_{i-2} U2[i-2])
+  // / pivot_i. With the multipliers at most 1 in magnitude, |pi| is bounded by the chunk's
+  // ||T^{-1}||: the conditioning of the chunk, not the elimination, bounds it. `work`: 22
+  // rows. Each step's interchange is Pivoted's, written out again (one always-inline helper
+  // for both loops slowed the sequential pivoted solve).
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
   void PivotedEnds(const Tile& tile, Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha,
                    const T* beta, const T* omega, T* work) const {
     const int64_t W = g_.W, w = tile.w, n = tile.len - 1;
-    // The pending row (columns i, i+1 and its three right-hand sides), pi_{i-1}, pi_{i-2},
-    // U1[i-1], U2[i-1], U2[i-2], and the sums of pi y' for the three right-hand sides.
+    // The pending row (columns i, i+1 and its four right-hand sides), pi_{i-1}, pi_{i-2},
+    // U1[i-1], U2[i-1], U2[i-2], and the sums of pi y' for the four right-hand sides.
     T* __restrict__ pa = work;
     T* __restrict__ pc = work + W;
     T* __restrict__ fb = work + 2 * W;
     T* __restrict__ fv = work + 3 * W;
     T* __restrict__ fw = work + 4 * W;
-    T* __restrict__ p1 = work + 5 * W;
-    T* __restrict__ p2 = work + 6 * W;
-    T* __restrict__ u1p = work + 7 * W;
-    T* __restrict__ u2p = work + 8 * W;
-    T* __restrict__ u2pp = work + 9 * W;
-    T* __restrict__ sb = work + 10 * W;
-    T* __restrict__ sv = work + 11 * W;
-    T* __restrict__ sw = work + 12 * W;
-    T* zeros = work + 19 * W;  // after the 6 output rows: stands in for a missing band row
+    T* __restrict__ fr = work + 5 * W;
+    T* __restrict__ p1 = work + 6 * W;
+    T* __restrict__ p2 = work + 7 * W;
+    T* __restrict__ u1p = work + 8 * W;
+    T* __restrict__ u2p = work + 9 * W;
+    T* __restrict__ u2pp = work + 10 * W;
+    T* __restrict__ sb = work + 11 * W;
+    T* __restrict__ sv = work + 12 * W;
+    T* __restrict__ sw = work + 13 * W;
+    T* __restrict__ sr = work + 14 * W;
+    T* zeros = work + 21 * W;  // after the 6 output rows: stands in for a missing band row
     std::fill(zeros, zeros + w, T(0));
     {
       const T *d0 = dia(0), *b0 = rhs(0);
-      const T* u0 = n > 1 ? sup(0) : nullptr;
+      const T* u0 = n > 1 ? sup(0) : omega;
       for (int64_t s = 0; s < w; ++s) {
         pa[s] = d0[s];
         pc[s] = n > 1 ? u0[s] : T(0);
         fb[s] = b0[s];
         fv[s] = alpha[s];
         fw[s] = n == 1 ? omega[s] : T(0);
-        p1[s] = p2[s] = u1p[s] = u2p[s] = u2pp[s] = sb[s] = sv[s] = sw[s] = T(0);
+        fr[s] = alpha[s] + d0[s] + u0[s];
+        p1[s] = p2[s] = u1p[s] = u2p[s] = u2pp[s] = T(0);
+        sb[s] = sv[s] = sw[s] = sr[s] = T(0);
       }
     }
     for (int64_t i = 0; i + 1 < n; ++i) {
@@ -1623,18 +1300,22 @@ class Solver {
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) {
         const T un = u[s], wn = wr[s];
+        const T rn = (l[s] + d[s] + un) + wn;  // row i+1's sum (un or wn is zero)
         const bool swap = Magnitude(l[s]) > Magnitude(pa[s]);
-        const T r = T(1) / (swap ? l[s] : pa[s]);
-        const T m = (swap ? pa[s] : l[s]) * r;
+        const T pivot = swap ? l[s] : pa[s];
+        const T m = (swap ? pa[s] : l[s]) / pivot;
         // U's row i (k: kept) and the next pending row (o: other, minus m times the kept).
         const T k1 = swap ? d[s] : pc[s], k2 = swap ? un : T(0);
         const T kb = swap ? b[s] : fb[s], kv = swap ? T(0) : fv[s], kw = swap ? wn : fw[s];
+        const T kr = swap ? rn : fr[s];
         const T o1 = swap ? pc[s] : d[s], o2 = swap ? T(0) : un;
         const T ob = swap ? fb[s] : b[s], ov = swap ? fv[s] : T(0), ow = swap ? fw[s] : wn;
-        const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) * r;
+        const T orr = swap ? fr[s] : rn;
+        const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) / pivot;
         sb[s] += pi * kb;
         sv[s] += pi * kv;
         sw[s] += pi * kw;
+        sr[s] += pi * kr;
         p2[s] = p1[s];
         p1[s] = pi;
         u2pp[s] = u2p[s];
@@ -1645,16 +1326,17 @@ class Solver {
         fb[s] = ob - m * kb;
         fv[s] = ov - m * kv;
         fw[s] = ow - m * kw;
+        fr[s] = orr - m * kr;
       }
     }
     const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
     const T e = n == 1 ? T(1) : T(0);
-    T* o = work + 13 * W;  // 6 rows: the reduced system's contributions, as Ends
+    T* o = work + 15 * W;  // 6 rows: the reduced system's contributions, as Ends
     for (int64_t s = 0; s < w; ++s) {
-      const T r = T(1) / pa[s];
-      const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) * r;
-      Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {fb[s] * r, fv[s] * r, fw[s] * r},
-              {sb[s] + pi * fb[s], sv[s] + pi * fv[s], sw[s] + pi * fw[s]});
+      const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) / pa[s];
+      Reduced(o, s, sn[s], dn[s], bn[s], beta[s],
+              {fb[s] / pa[s], fv[s] / pa[s], fw[s] / pa[s], fr[s] / pa[s]},
+              {sb[s] + pi * fb[s], sv[s] + pi * fv[s], sw[s] + pi * fw[s], sr[s] + pi * fr[s]});
     }
     StoreReduced(tile, o);
   }
@@ -1707,8 +1389,7 @@ class Solver {
       auto ends = [&](int64_t i) { return i == 0 ? b0 : i == n - 1 ? bl : rhs(i); };
       Pivoted(sub, dia, sup, ends, spare + 5 * W, v, c, z, y, W, w, n);
     } else {
-      Eliminate(sub, dia, sup, rhs, b0, n > 1 ? bl : nullptr, nullptr, c, y, nullptr, nullptr,
-                W, w, n);
+      Eliminate(sub, dia, sup, rhs, b0, n > 1 ? bl : nullptr, c, y, W, w, n);
       BackSubstitute(c, y, W, w, n);
     }
     const auto st = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
@@ -1720,10 +1401,11 @@ class Solver {
   // row i+1 of A (sub, d, sup | b) compete for the pivot; the larger |column i| entry becomes
   // row i of U, and the other row, minus m times it, becomes the pending row for step i+1. An
   // interchange makes U's row i (sub, d, sup): one fill-in diagonal U2. U's rows are kept as
-  // 1/pivot (inv), U1, U2 and y, then x[i] = (y[i] - U1[i] x[i+1] - U2[i] x[i+2]) / pivot[i].
+  // pivot, U1, U2 and y, then x[i] = (y[i] - U1[i] x[i+1] - U2[i] x[i+2]) / pivot[i]; the
+  // multiplier divides by the pivot too (gtsv's order of operations).
   // Branch-free, so the W systems of a tile vectorise whichever rows they interchange.
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
-  void Pivoted(Sub sub, Dia dia, Sup sup, Rhs rhs, T* state, T* inv, T* u1, T* u2, T* y,
+  void Pivoted(Sub sub, Dia dia, Sup sup, Rhs rhs, T* state, T* pivots, T* u1, T* u2, T* y,
                int64_t W, int64_t w, int64_t N) const {
     T* __restrict__ pa = state;          // pending row: column i
     T* __restrict__ pc = state + W;      // column i+1
@@ -1743,7 +1425,7 @@ class Solver {
       const T *__restrict__ l = sub(i + 1), *__restrict__ d = dia(i + 1),
                             *__restrict__ b = rhs(i + 1);
       const T* __restrict__ u = fill ? sup(i + 1) : nullptr;
-      T* __restrict__ vi = inv + i * W;
+      T* __restrict__ vi = pivots + i * W;
       T* __restrict__ u1i = u1 + i * W;
       T* __restrict__ u2i = u2 + i * W;
       T* __restrict__ yi = y + i * W;
@@ -1752,11 +1434,10 @@ class Solver {
         const T un = fill ? u[s] : T(0);
         const bool swap = Magnitude(l[s]) > Magnitude(pa[s]);
         const T pivot = swap ? l[s] : pa[s];
-        const T r = T(1) / pivot;
-        const T m = (swap ? pa[s] : l[s]) * r;
+        const T m = (swap ? pa[s] : l[s]) / pivot;
         const T k1 = swap ? d[s] : pc[s], k2 = swap ? un : T(0), ky = swap ? b[s] : pf[s];
         const T o1 = swap ? pc[s] : d[s], o2 = swap ? T(0) : un, oy = swap ? pf[s] : b[s];
-        vi[s] = r;
+        vi[s] = pivot;
         u1i[s] = k1;
         u2i[s] = k2;
         yi[s] = ky;
@@ -1769,17 +1450,17 @@ class Solver {
 #pragma GCC ivdep
     for (int64_t s = 0; s < w; ++s) xl[s] = pf[s] / pa[s];
     for (int64_t i = N - 2; i >= 0; --i) {
-      const T *__restrict__ vi = inv + i * W, *__restrict__ u1i = u1 + i * W,
+      const T *__restrict__ vi = pivots + i * W, *__restrict__ u1i = u1 + i * W,
                             *__restrict__ u2i = u2 + i * W;
       const T* __restrict__ x1 = y + (i + 1) * W;
       T* __restrict__ xi = y + i * W;
       if (i + 2 < N) {
         const T* __restrict__ x2 = y + (i + 2) * W;
 #pragma GCC ivdep
-        for (int64_t s = 0; s < w; ++s) xi[s] = (xi[s] - u1i[s] * x1[s] - u2i[s] * x2[s]) * vi[s];
+        for (int64_t s = 0; s < w; ++s) xi[s] = (xi[s] - u1i[s] * x1[s] - u2i[s] * x2[s]) / vi[s];
       } else {
 #pragma GCC ivdep
-        for (int64_t s = 0; s < w; ++s) xi[s] = (xi[s] - u1i[s] * x1[s]) * vi[s];
+        for (int64_t s = 0; s < w; ++s) xi[s] = (xi[s] - u1i[s] * x1[s]) / vi[s];
       }
     }
   }
@@ -1829,10 +1510,10 @@ class Solver {
       const T *__restrict__ d0 = dia(0), *__restrict__ u0 = sup(0), *__restrict__ b0 = rhs(0);
       for (int64_t s = 0; s < w; ++s) {
         const T gamma = Split(d0[s], alpha[s], u0[s]);
-        const T r = T(1) / (d0[s] - gamma);
-        c[s] = u0[s] * r;
-        y[s] = b0[s] * r;
-        z[s] = gamma * r;
+        const T p = d0[s] - gamma;
+        c[s] = u0[s] / p;
+        y[s] = b0[s] / p;
+        z[s] = gamma / p;
         kappa[s] = alpha[s] / gamma;
         corr[s] = -alpha[s] * beta[s] / gamma;
       }
@@ -1850,16 +1531,16 @@ class Solver {
         const T* __restrict__ u = sup(i);
 #pragma GCC ivdep
         for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] - a[s] * cp[s]);
-          ci[s] = u[s] * r;
-          yi[s] = (b[s] - a[s] * yp[s]) * r;
-          zi[s] = -a[s] * zp[s] * r;
+          const T p = d[s] - a[s] * cp[s];
+          ci[s] = u[s] / p;
+          yi[s] = (b[s] - a[s] * yp[s]) / p;
+          zi[s] = -a[s] * zp[s] / p;
         }
       } else {
         for (int64_t s = 0; s < w; ++s) {
-          const T r = T(1) / (d[s] + corr[s] - a[s] * cp[s]);
-          yi[s] = (b[s] - a[s] * yp[s]) * r;
-          zi[s] = (beta[s] - a[s] * zp[s]) * r;
+          const T p = d[s] + corr[s] - a[s] * cp[s];
+          yi[s] = (b[s] - a[s] * yp[s]) / p;
+          zi[s] = (beta[s] - a[s] * zp[s]) / p;
         }
       }
     }
@@ -1894,14 +1575,13 @@ class Solver {
   T* outs_[6];
   bool transposed_;
   int64_t kind_, mode_;
-  bool periodic_, scan_;
+  bool periodic_;
 };
 
 template <typename T>
 void Solve(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
-           bool transposed, int64_t kind, int64_t mode, bool periodic, bool scan = true) {
-  RunTiles<T>(Solver<T>(ops, xsep, outs, g, transposed, kind, mode, periodic, scan),
-              g.P * g.N * g.Q);
+           bool transposed, int64_t kind, int64_t mode, bool periodic) {
+  RunTiles<T>(Solver<T>(ops, xsep, outs, g, transposed, kind, mode, periodic), g.P * g.N * g.Q);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1951,9 +1631,10 @@ class RowWriter {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The factorization A = L D V (tridiax/_factorization.py): l[i] = lower[i]*m[i-1] (l[0] = 0),
-// m[i] = 1/(d[i] - lower[i]*c'[i-1]), c'[i] = upper[i]*m[i] (c'[N-1] = 0): the Thomas forward
-// elimination without a right-hand side, each row written as it is formed.
+// The factorization A = L D V (tridiax/_factorization.py): with the pivots p[i] = d[i] -
+// lower[i]*c'[i-1] of the Thomas forward elimination, c'[i] = upper[i]/p[i] (c'[N-1] = 0: the
+// sweep's own c'), m[i] = 1/p[i] and l[i] = lower[i]/p[i-1] (l[0] = 0), each row written as it
+// is formed.
 
 template <typename T>
 class Factor {
@@ -1971,28 +1652,6 @@ class Factor {
  private:
   void FactorTile(const Tile& tile, T* scratch) const {
     const int64_t W = g_.W, w = tile.w, N = tile.len;
-#if defined(TRIDIAX_VECTOR_SCAN)
-    // Contiguous rows (Q == 1: batch-first bands, one long system), one lane at a time in
-    // vector registers: one system of 10^7 float32 rows 143-149 -> 26-28 ms (2-core Zen 4).
-    if constexpr (std::is_floating_point_v<T>) {
-      if (g_.Q == 1 && N >= 2 * ScanVector<T>::L) {
-        Geometry::Strides st[3];  // lower, diag, upper
-        for (int k = 0; k < 3; ++k) {
-          st[k] = g_.Of(tile, ops_[k].sp, ops_[k].sn, ops_[k].sq, g_.chunk);
-        }
-        const auto at = [&](int k, int64_t s) {
-          return static_cast<const T*>(ops_[k].data) + st[k].At(s);
-        };
-        const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
-        for (int64_t s = 0; s < w; ++s) {
-          const int64_t out = so.At(s);
-          ScanFactorLane<T>(at(0, s), ops_[0].sn, at(1, s), ops_[1].sn, at(2, s), ops_[2].sn,
-                            outs_[0] + out, outs_[1] + out, outs_[2] + out, N);
-        }
-        return;
-      }
-    }
-#endif
     RowReader<T> rd[3];
     RowWriter<T> wr[3];
     for (int k = 0; k < 3; ++k) {
@@ -2002,8 +1661,8 @@ class Factor {
       const auto so = g_.Of(tile, g_.N * g_.Q, g_.Q, 1, g_.chunk);
       wr[k].Init(outs_[k], so, g_.Q, w, W, N, scratch + (3 + k) * kRows * W);
     }
-    T* __restrict__ mp = scratch + 6 * kRows * W;  // m[i-1]
-    T* __restrict__ cp = mp + W;                     // c'[i-1]
+    T* __restrict__ pp = scratch + 6 * kRows * W;  // pivot p[i-1]
+    T* __restrict__ cp = pp + W;                     // c'[i-1]
     for (int64_t i = 0; i < N; ++i) {
       const T* __restrict__ d = rd[1].Row(i);
       const T* __restrict__ a = i > 0 ? rd[0].Row(i) : nullptr;
@@ -2013,21 +1672,21 @@ class Factor {
       T* __restrict__ co = wr[2].Row(i);
       if (i == 0) {
         for (int64_t s = 0; s < w; ++s) {
-          const T m = T(1) / d[s];
           lo[s] = T(0);
-          mo[s] = mp[s] = m;
-          co[s] = cp[s] = u != nullptr ? u[s] * m : T(0);
+          mo[s] = T(1) / d[s];
+          pp[s] = d[s];
+          co[s] = cp[s] = u != nullptr ? u[s] / d[s] : T(0);
         }
         continue;
       }
 #pragma GCC ivdep
       for (int64_t s = 0; s < w; ++s) {
-        const T m = T(1) / (d[s] - a[s] * cp[s]);
-        lo[s] = a[s] * mp[s];
-        mo[s] = m;
-        const T cn = u != nullptr ? u[s] * m : T(0);
+        const T p = d[s] - a[s] * cp[s];
+        lo[s] = a[s] / pp[s];
+        mo[s] = T(1) / p;
+        const T cn = u != nullptr ? u[s] / p : T(0);
         co[s] = cn;
-        mp[s] = m;
+        pp[s] = p;
         cp[s] = cn;
       }
     }
@@ -2467,7 +2126,7 @@ ffi::Error Unsupported() { return ffi::Error::InvalidArgument("tridiax: unsuppor
 
 ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                       ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> x, bool transposed,
-                      int64_t kind, bool scan, int64_t lanes, int64_t width) {
+                      int64_t kind, int64_t lanes, int64_t width) {
   auto dims = x->dimensions();
   if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, N, Q)");
   const int64_t P = dims[0], N = dims[1], Q = dims[2];
@@ -2479,7 +2138,7 @@ ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer 
   const bool ok = ForType(x->element_type(), [&](auto zero) {
     using T = decltype(zero);
     T* outs[6] = {static_cast<T*>(out)};
-    Solve<T>(ops, nullptr, outs, g, transposed, kind, kSolve, false, scan);
+    Solve<T>(ops, nullptr, outs, g, transposed, kind, kSolve, false);
   });
   return ok ? ffi::Error::Success() : Unsupported();
 }
@@ -2652,7 +2311,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, ThomasImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("transposed")
                                   .Attr<int64_t>("kind")
-                                  .Attr<bool>("scan")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width"));
 
