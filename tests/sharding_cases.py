@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_bands
+from helpers import pde_bands, pde_rhs, random_bands, relative_error, truth_dtype
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tridiax
+from tridiax import verify
 from tridiax._hlo import collectives
 
 assert jax.device_count() == 8, "run through test_sharding.py (8 host devices)"
@@ -89,6 +90,19 @@ def test_batch_sharded_gradients_move_nothing(mesh, shape, axis, spec):
     assert moved == []
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("mesh,shape,axis,spec", BATCH_CASES)
+def test_batch_sharded_solves_give_the_same_bits(mesh, shape, axis, spec, dtype):
+    # Each device solves its own systems, with the same eliminations in every lane as on one
+    # device (and as the sequential sweep): the same answer, bit for bit.
+    mesh = mesh_of(mesh)
+    arrays = [a.astype(dtype) for a in random_bands(shape, np.float64, seed=4)]
+    sharded = [jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec)) for a in arrays]
+    f = solve_fn("thomas", axis)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(*sharded)),
+                                  np.asarray(f(*(jnp.asarray(a) for a in arrays))))
+
+
 def test_shared_matrix_stays_replicated():
     # One (N, 1) matrix for every column: the bands are never split, copied or gathered.
     mesh = mesh_of("8")
@@ -151,7 +165,21 @@ def test_split_solve_axis_partition_method(kind, mesh, shape, axis, spec):
     arrays = random_bands(shape, np.float64, seed=5)
     out, moved = run_sharded(solve_fn(kind, axis), arrays, mesh, spec)
     assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
-    assert_small_exchange(moved, shape, axis, devices, values_per_system=6)
+    assert_small_exchange(moved, shape, axis, devices, values_per_system=7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("system", ["poisson", "poisson_shifted", "heat_1e4", "upwind"])
+def test_split_solve_axis_as_accurate_as_the_sweep(system, dtype):
+    # The reduced system across devices is formed from its rows' sums, as on one device: on
+    # nearly singular Poisson problems its two-sided differences would cost digits.
+    mesh = mesh_of("8")
+    bands = [b.astype(dtype) for b in pde_bands(system, 2048, 4)] + [pde_rhs((4, 2048), dtype)]
+    sharded = [jax.device_put(jnp.asarray(b.T), NamedSharding(mesh, P("x", None))) for b in bands]
+    x = np.asarray(jax.jit(lambda *a: tridiax.solve_tridiagonal(*a, axis=0))(*sharded)).T
+    truth = verify.sequential_solve(*bands, dtype=truth_dtype(dtype))
+    sweep = verify.sequential_solve(*bands, dtype=dtype)
+    assert relative_error(x, truth) <= 4 * relative_error(sweep, truth)
 
 
 @pytest.mark.parametrize("kind", ["thomas", "periodic"])
@@ -163,7 +191,7 @@ def test_split_solve_axis_gradients(kind, mesh, shape, axis, spec):
     for o in outs:
         assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
     assert_small_exchange(moved, shape, axis, split_devices(mesh, spec, axis, len(shape)),
-                          values_per_system=6)
+                          values_per_system=7)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -187,7 +215,7 @@ def test_split_axis_with_a_shared_matrix_and_constant_bands():
               lambda b: tridiax.solve_tridiagonal(-1.0, 4.0, -1.0, b, axis=0)):
         out, moved = run_sharded(f, [rhs], mesh, P("x", None))
         assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2)
-        assert_small_exchange(moved, (256, 12), 0, 8, values_per_system=6)
+        assert_small_exchange(moved, (256, 12), 0, 8, values_per_system=7)
 
 
 @pytest.mark.parametrize("case", ["factored", "one row per device"])

@@ -4,19 +4,20 @@ Runs per device, inside the `custom_partitioning` of `_sharding.py`, when the in
 solve axis into P blocks of m >= 2 rows over the mesh axes `names` (device k holds rows
 k*m .. k*m + m - 1 of every system).
 
-1. Device k's block T_k (its rows without the two couplings out of the block) is solved for
-   three right-hand sides at once: y = T_k^{-1} b, v = T_k^{-1} (c_first e_1) and
-   w = T_k^{-1} (c_last e_m), where c_first = lower of the block's first row (the coefficient
-   of the previous block's last unknown) and c_last = upper of its last row (the coefficient
-   of the next block's first unknown). Then x_k = y - v R_{k-1} - w L_{k+1}, with L_j and
-   R_j the first and last unknowns of block j.
-2. The first and last rows of that identity give 2P equations in the 2P boundary unknowns:
-       L_k + v_first R_{k-1} + w_first L_{k+1} = y_first
-       R_k + v_last  R_{k-1} + w_last  L_{k+1} = y_last
-   Each device contributes its 6 numbers per system to one all-gather (communication per
-   system: 6P values, whatever N), and every device solves the small 2P x 2P system (dense,
-   with partial pivoting) for every system it holds.
-3. Each device forms its x_k.
+1. Device k's block holds interior rows 0..n-1 (n = m - 1) and its last row n, the
+   separator R_k. The interior T_k is solved for four right-hand sides at once:
+   y = T_k^{-1} b, v = T_k^{-1} (alpha e_1), w = T_k^{-1} (omega e_n) and yr = T_k^{-1} r,
+   where alpha = lower of row 0 (the coefficient of the previous block's separator R_{k-1}),
+   omega = upper of row n-1 (the coefficient of R_k) and r the interior rows' sums. Then the
+   interior is x = y - v R_{k-1} - w R_k.
+2. Substituted into the separator rows, that leaves a P x P tridiagonal system in the
+   separators (cyclic when periodic), the reduced system of the single-device partition
+   method (`_chunked.py`), its diagonal formed from the rows' sums (1 + v + w = yr) rather
+   than by cancelling the spikes' ends against the bands. Each device contributes 7 numbers
+   per system to one all-gather (communication per system: 7P values, whatever N), and
+   every device solves the small system (dense, with partial pivoting) for every system it
+   holds.
+3. Each device forms its interior rows; its separator row is R_k.
 
 A periodic system wraps around (R_{-1} = R_{P-1}, L_P = L_0); a plain one has no coupling
 out of the first and last blocks. A transposed solve (reverse mode) first builds the
@@ -78,45 +79,74 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
         lower, upper = _transposed_bands(lower, upper, names, devices, axis)
     shape = broadcast_shape(lower, diag, upper, rhs)
     m = shape[axis]
+    n = m - 1  # interior rows 0..n-1; row n is the block's separator
     k = lax.axis_index(names)
+    row_shape = shape[:axis] + (1,) + shape[axis + 1:]
 
     def row(x, i):
-        return jnp.broadcast_to(_rows(x, i, i + 1, axis) if x.shape[axis] > 1 else x,
-                                shape[:axis] + (1,) + shape[axis + 1:])
+        return jnp.broadcast_to(_rows(x, i, i + 1, axis) if x.shape[axis] > 1 else x, row_shape)
 
-    c_first, c_last = row(lower, 0), row(upper, m - 1)
+    def interior(x):
+        return _rows(x, 0, n, axis) if x.shape[axis] > 1 else x
+
+    # alpha: row 0's coupling to the previous block's separator; omega: row n-1's coupling to
+    # this block's separator; beta: the separator's coupling to the next block's row 0.
+    alpha, omega, beta = row(lower, 0), row(upper, n - 1), row(upper, n)
     if not periodic:  # nothing couples out of the first and last blocks
-        c_first = jnp.where(k == 0, 0, c_first)
-        c_last = jnp.where(k == devices - 1, 0, c_last)
-    index = lax.broadcasted_iota(jnp.int32, shape, axis)
-    stacked = jnp.stack([jnp.broadcast_to(rhs, shape), jnp.where(index == 0, c_first, 0),
-                         jnp.where(index == m - 1, c_last, 0)])
-    y, v, w = local_solve(lower[None], diag[None], upper[None], stacked, axis=axis + 1,
-                          kind="pivoted" if kind.endswith("pivoted") else "thomas")
+        alpha = jnp.where(k == 0, 0, alpha)
+        beta = jnp.where(k == devices - 1, 0, beta)
+    inner = shape[:axis] + (n,) + shape[axis + 1:]
+    index = lax.broadcasted_iota(jnp.int32, inner, axis)
+    lo, di, up = interior(lower), interior(diag), interior(upper)
+    # The interior rows' sums, their couplings included: T (1 + v + w) = r.
+    sums = (jnp.where(index == 0, alpha, lo) + di) + up
+    stacked = jnp.stack([jnp.broadcast_to(interior(rhs), inner), jnp.where(index == 0, alpha, 0),
+                         jnp.where(index == n - 1, omega, 0), jnp.broadcast_to(sums, inner)])
+    y, v, w, yr = local_solve(lo[None], di[None], up[None], stacked, axis=axis + 1,
+                              kind="pivoted" if kind.endswith("pivoted") else "thomas")
 
-    # The 6 boundary numbers of every system, from every block: (P, 6, *batch).
-    ends = [jnp.squeeze(row(s, i), axis) for s in (y, v, w) for i in (0, m - 1)]
-    gathered = lax.all_gather(jnp.stack(ends), names)
-    y_first, y_last, v_first, v_last, w_first, w_last = (
-        jnp.moveaxis(gathered[:, j], 0, -1) for j in range(6))  # each (*batch, P)
+    def first(s):
+        return jnp.squeeze(_rows(s, 0, 1, axis), axis)
 
-    # Unknowns (L_0, R_0, L_1, R_1, ...): row 2j is block j's first row, 2j + 1 its last.
+    def last(s):
+        return jnp.squeeze(_rows(s, n - 1, n, axis), axis)
+
+    sub_s, d_s, b_s = (jnp.squeeze(row(x, n), axis) for x in (lower, diag, rhs))
+    # This block's separator row: its lower entry (R_{k-1}'s coefficient), the part of its sum
+    # and right-hand side that this block gives; then what its first interior row gives the
+    # previous separator's row (times that row's beta, which the previous block holds).
+    own = [-sub_s * last(v), (sub_s + d_s) - sub_s * last(yr), b_s - sub_s * last(y)]
+    towards_previous = [first(yr), first(w), first(y)]
+    gathered = lax.all_gather(jnp.stack(own + towards_previous + [jnp.squeeze(beta, axis)]),
+                              names)  # (P, 7, *batch)
+    lower_r, sum1, rhs1, yr_first, w_first, y_first, betas = (
+        jnp.moveaxis(gathered[:, j], 0, -1) for j in range(7))  # each (*batch, P)
+
+    # The reduced system in the separators R_0..R_{P-1} (one per block), as `_chunked.py`
+    # forms it: row j takes from block j+1 (cyclically; the last block's beta is zero unless
+    # periodic) beta_j (1 - yr_first), -beta_j w_first and -beta_j y_first, and its diagonal
+    # is the row's sum less its other two entries.
+    def following(v):
+        return jnp.roll(v, -1, axis=-1)
+
+    upper_r = -betas * following(w_first)
+    rowsum = sum1 + betas * (1 - following(yr_first))
+    diag_r = (rowsum - lower_r) - upper_r
+    rhs_r = rhs1 - betas * following(y_first)
     P = devices
-    blocks = np.arange(P)
-    previous_r, next_l = 2 * ((blocks - 1) % P) + 1, 2 * ((blocks + 1) % P)
-    rows = np.concatenate([2 * blocks, 2 * blocks, 2 * blocks + 1, 2 * blocks + 1])
-    cols = np.concatenate([previous_r, next_l, previous_r, next_l])
-    values = jnp.concatenate([v_first, w_first, v_last, w_last], axis=-1)
-    batch = values.shape[:-1]
-    reduced = jnp.broadcast_to(jnp.eye(2 * P, dtype=cdt), batch + (2 * P, 2 * P))
-    reduced = reduced.at[..., rows, cols].add(values)
-    ends_rhs = jnp.stack([y_first, y_last], axis=-1).reshape(batch + (2 * P,))
-    z = solve_small(reduced, ends_rhs)
+    j = np.arange(P)
+    batch = diag_r.shape[:-1]
+    reduced = jnp.zeros(batch + (P, P), cdt)
+    reduced = reduced.at[..., j, j].add(diag_r)
+    reduced = reduced.at[..., j, (j - 1) % P].add(lower_r)
+    reduced = reduced.at[..., j, (j + 1) % P].add(upper_r)
+    separators = solve_small(reduced, rhs_r)  # (*batch, P)
 
-    r_before = lax.dynamic_index_in_dim(z, 2 * ((k - 1) % P) + 1, axis=-1, keepdims=False)
-    l_after = lax.dynamic_index_in_dim(z, 2 * ((k + 1) % P), axis=-1, keepdims=False)
-    x = y - v * jnp.expand_dims(r_before, axis) - w * jnp.expand_dims(l_after, axis)
-    return x.astype(out_dtype)
+    r_before = lax.dynamic_index_in_dim(separators, (k - 1) % P, axis=-1, keepdims=True)
+    r_own = lax.dynamic_index_in_dim(separators, k, axis=-1, keepdims=True)
+    r_before, r_own = (jnp.moveaxis(r, -1, axis) for r in (r_before, r_own))
+    x = y - v * r_before - w * r_own
+    return lax.concatenate([x, r_own.astype(cdt)], axis).astype(out_dtype)
 
 
 def solve_small(a: Array, b: Array) -> Array:
