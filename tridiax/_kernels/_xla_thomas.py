@@ -92,21 +92,25 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     if periodic:
         bufs += (put(zeros, jnp.broadcast_to(gamma / p0, row_shape), 0),)
 
-    # Forward elimination. The previous row is read back from the buffers rather than carried:
-    # XLA then fuses each row's arithmetic into its in-place update (measured ~15% faster).
-    def forward(i, bufs):
-        cbuf, ybuf = bufs[:2]
+    # Forward elimination. The previous row's c' and y' (and z') ride in the carry, so that
+    # each buffer's in-place update reads nothing of the buffer it writes: read back from the
+    # buffers, the pivot shared by the updates (division keeps XLA from duplicating it into
+    # each) made XLA copy a whole buffer every row.
+    def forward(i, state):
+        prev, bufs = state
         a, diag = sub(i), row(d, i)
         if periodic:
             last = (i == n - 1).astype(cdt)
             diag = diag + last * corr  # d'[N-1] = d[N-1] - alpha*beta/gamma
-        p = diag - a * row(cbuf, i - 1)
-        out = (put(cbuf, sup(i) / p, i), put(ybuf, (row(b, i) - a * row(ybuf, i - 1)) / p, i))
+        p = diag - a * prev[0]
+        rows = [sup(i) / p, (row(b, i) - a * prev[1]) / p]
         if periodic:
-            out += (put(bufs[2], (last * beta - a * row(bufs[2], i - 1)) / p, i),)
-        return out
+            rows.append((last * beta - a * prev[2]) / p)
+        rows = [jnp.broadcast_to(r, row_shape) for r in rows]
+        return tuple(rows), tuple(put(buf, r, i) for buf, r in zip(bufs, rows, strict=True))
 
-    cbuf, *vecs = lax.fori_loop(1, n, forward, bufs)
+    first = tuple(row(buf, 0) for buf in bufs)
+    cbuf, *vecs = lax.fori_loop(1, n, forward, (first, bufs))[1]
 
     # Back substitution, in place in the y (and z) buffers.
     def backward(k, vecs):
@@ -195,16 +199,16 @@ def factor_sweep(l, d, u, *, axis: int, out_dtype) -> tuple[Array, Array, Array]
     c0 = row(u, 0) / p0 if n > 1 else jnp.zeros(row_shape, cdt)
     bufs = (zeros, put(zeros, 1 / p0, 0), put(zeros, c0, 0))
 
-    # The previous pivot is carried (l[i] divides by it); c'[i-1] is read back from its buffer.
+    # The previous pivot and c' ride in the carry: no buffer's in-place update reads the
+    # buffer it writes (read back, XLA copied a whole buffer every row).
     def forward(i, state):
-        p_prev, (lbuf, mbuf, cbuf) = state
+        (p_prev, c_prev), (lbuf, mbuf, cbuf) = state
         a = row(l, i)
-        p = row(d, i) - a * row(cbuf, i - 1)
+        p = jnp.broadcast_to(row(d, i) - a * c_prev, row_shape)
         c = jnp.where(i < n - 1, row(u, i) / p, jnp.zeros((), cdt))
-        return jnp.broadcast_to(p, row_shape), (put(lbuf, a / p_prev, i), put(mbuf, 1 / p, i),
-                                                 put(cbuf, c, i))
+        return (p, c), (put(lbuf, a / p_prev, i), put(mbuf, 1 / p, i), put(cbuf, c, i))
 
-    _, factors = lax.fori_loop(1, n, forward, (p0, bufs))
+    _, factors = lax.fori_loop(1, n, forward, ((p0, jnp.broadcast_to(c0, row_shape)), bufs))
     return tuple(x.astype(out_dtype) for x in factors)
 
 
