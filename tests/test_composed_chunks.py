@@ -25,7 +25,7 @@ SHAPES = [(1, 40, 1), (2, 37, 3), (3, 50, 1), (1, 33, 5)]
 CHUNKS = (2, 3, 7, 16)
 # (transposed, periodic) pairs; every (shape, chunk) runs two of them, all four appear.
 FLAGS = [((False, False), (True, True)), ((True, False), (False, True))]
-ENDS = ("lower", "diag1", "rhs1", "diag2", "upper", "rhs2")
+ENDS = ("lower", "diag1", "sum1", "rhs1", "score1", "diag2", "sum2", "upper", "rhs2", "score2")
 
 
 def dtype_id(dtype):

@@ -11,13 +11,16 @@ solves all chunks of all systems as one batch. Three steps, each a kernel sweep 
    x = y - v x[s_{c-1}] - w x[s_c]. Substituting its first and last rows into the separator
    rows leaves a tridiagonal system in the separators (the Schur complement), whose row s_c
    takes its lower band, diagonal and right-hand side from chunk c and the rest from chunk
-   c+1: six numbers per chunk, written by the kernel (`ends` below). The reduced diagonal is
-   formed from the reduced row's sum, which the sweep gets from a fourth right-hand side,
-   the interior rows' sums r: with yr = T^{-1} r = 1 + v + w, row s_c sums to
-   (sub + d - sub yr_last) + beta (1 - yr_first). Formed directly, d - sub w_last - beta
-   v_first cancels to a few digits on weakly dominant matrices (a Poisson problem's reduced
-   diagonal is 2/(m+1), from terms of size 1), and the separators lose those digits; the sums
-   never subtract the row sums (small on such matrices) from the bands.
+   c+1, written by the kernel chunk by chunk (`ends` below). The reduced diagonal has two
+   forms. Directly, d - sub w_last - beta v_first subtracts terms of size 1 to a small number
+   on weakly dominant matrices (a Poisson problem's reduced diagonal is 2/(m+1)), and the
+   spikes' rounding, grown along the chunk, costs the separators digits. From the reduced
+   row's sum, which the sweep gets from a fourth right-hand side, the interior rows' sums r:
+   with yr = T^{-1} r = 1 + v + w, row s_c sums to (sub + d - sub yr_last) +
+   beta (1 - yr_first), and yr is small where r is. Each row takes the sums where yr is
+   SUMS_MARGIN times smaller than the direct form's spikes (w_last and v_first): on weakly
+   dominant matrices; the direct difference elsewhere, where T^{-1} is large and r is not
+   (matrices solved with pivoting).
 2. **Reduced system**: one row per chunk, solved by the same planner and the same kernels
    (chunked again while it is long: the recursion is over the reduced size, a few levels
    deep). A periodic system's reduced system is periodic: its first chunk couples to the
@@ -49,6 +52,13 @@ from . import _planner
 from ._dtypes import compute_dtype
 from ._layout import rows_at
 
+# The reduced diagonal is formed from the reduced row's sums where their spikes (yr at the
+# chunk ends) are this many times smaller than the direct form's (w_last, v_first): on weakly
+# dominant matrices yr is tiny or zero; on matrices far from dominant (pivoted solves) a
+# small yr may be a cancellation of large terms, whose rounding its size does not show.
+# cpu_kernels.cc (kSumsMargin) weighs the kernels' scores the same.
+SUMS_MARGIN = 16
+
 
 def _next_chunk(v: Array, periodic: bool) -> Array:
     """v[c+1] along axis 1 of (P, C, Q) (the first chunk's after the last when periodic, zero
@@ -70,12 +80,16 @@ def solve(kernels, l, d, u, b, *, plan: _planner.Plan, transposed: bool, kind: s
     periodic = kind == "periodic"
     flags = dict(transposed=transposed, periodic=periodic, pivoting=kind == "pivoted",
                  chunk=plan.chunk, tiling=plan.tiling)
-    lower, sum1, rhs1, sum2, upper, rhs2 = kernels.chunk_ends(l, d, u, b, **flags)
+    (lower, diag1, sum1, rhs1, score1,
+     diag2, sum2, upper, rhs2, score2) = kernels.chunk_ends(l, d, u, b, **flags)
     upper = _next_chunk(upper, periodic)
-    # The reduced diagonal from the reduced rows' sums (step 1): never the difference of the
-    # separator's diagonal and the two spikes' ends, which nearly cancel on weakly dominant
-    # matrices (Poisson problems), where the sums stay small and exact.
-    diag = ((sum1 + _next_chunk(sum2, periodic)) - lower) - upper
+    # The reduced diagonal from the reduced row's sum where yr is SUMS_MARGIN times smaller
+    # than the spikes at its ends (weakly dominant matrices, where the direct difference
+    # cancels), else directly (step 1).
+    direct = diag1 + _next_chunk(diag2, periodic)
+    by_sums = ((sum1 + _next_chunk(sum2, periodic)) - lower) - upper
+    score = jnp.real(score1 + _next_chunk(score2, periodic))
+    diag = jnp.where(score < 0, by_sums, direct)
     rhs = rhs1 + _next_chunk(rhs2, periodic)
     P, C, Q = rhs.shape
     separators = solve_any(kernels, lower, diag, upper, rhs, plan=replan(P, C, Q),

@@ -12,9 +12,9 @@ k*m .. k*m + m - 1 of every system).
    interior is x = y - v R_{k-1} - w R_k.
 2. Substituted into the separator rows, that leaves a P x P tridiagonal system in the
    separators (cyclic when periodic), the reduced system of the single-device partition
-   method (`_chunked.py`), its diagonal formed from the rows' sums (1 + v + w = yr) rather
-   than by cancelling the spikes' ends against the bands. Each device contributes 7 numbers
-   per system to one all-gather (communication per system: 7P values, whatever N), and
+   method (`_chunked.py`), its diagonal formed, where that cancels less, from the rows' sums
+   (1 + v + w = yr) rather than from the spikes' ends. Each device contributes 10 numbers
+   per system to one all-gather (communication per system: 10P values, whatever N), and
    every device solves the small system (dense, with partial pivoting) for every system it
    holds.
 3. Each device forms its interior rows; its separator row is R_k.
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
+from ._chunked import SUMS_MARGIN
 from ._dtypes import compute_dtype
 from ._kernels._xla_banded import magnitude
 from ._layout import broadcast_shape
@@ -112,26 +113,34 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
         return jnp.squeeze(_rows(s, n - 1, n, axis), axis)
 
     sub_s, d_s, b_s = (jnp.squeeze(row(x, n), axis) for x in (lower, diag, rhs))
-    # This block's separator row: its lower entry (R_{k-1}'s coefficient), the part of its sum
-    # and right-hand side that this block gives; then what its first interior row gives the
-    # previous separator's row (times that row's beta, which the previous block holds).
-    own = [-sub_s * last(v), (sub_s + d_s) - sub_s * last(yr), b_s - sub_s * last(y)]
-    towards_previous = [first(yr), first(w), first(y)]
+    # This block's separator row: its lower entry (R_{k-1}'s coefficient), both forms of the
+    # part of its diagonal this block gives (`_chunked.py`: directly, and from the row's sum)
+    # with the score that chooses, and its right-hand side; then what its first interior row
+    # gives the previous separator's row, times that row's beta, which the previous block
+    # holds.
+    own = [-sub_s * last(v), d_s - sub_s * last(w), (sub_s + d_s) - sub_s * last(yr),
+           b_s - sub_s * last(y),
+           SUMS_MARGIN * magnitude(sub_s * last(yr)) - magnitude(sub_s * last(w))]
+    towards_previous = [first(v), first(yr), first(w), first(y)]
     gathered = lax.all_gather(jnp.stack(own + towards_previous + [jnp.squeeze(beta, axis)]),
-                              names)  # (P, 7, *batch)
-    lower_r, sum1, rhs1, yr_first, w_first, y_first, betas = (
-        jnp.moveaxis(gathered[:, j], 0, -1) for j in range(7))  # each (*batch, P)
+                              names)  # (P, 10, *batch)
+    (lower_r, diag1, sum1, rhs1, score1, v_first, yr_first, w_first, y_first, betas) = (
+        jnp.moveaxis(gathered[:, j], 0, -1) for j in range(10))  # each (*batch, P)
 
     # The reduced system in the separators R_0..R_{P-1} (one per block), as `_chunked.py`
     # forms it: row j takes from block j+1 (cyclically; the last block's beta is zero unless
-    # periodic) beta_j (1 - yr_first), -beta_j w_first and -beta_j y_first, and its diagonal
-    # is the row's sum less its other two entries.
+    # periodic) -beta_j v_first or beta_j (1 - yr_first) towards its diagonal, -beta_j
+    # w_first and -beta_j y_first; its diagonal is the direct sum, or the row's sum less its
+    # other two entries where that form's spikes are SUMS_MARGIN times smaller.
     def following(v):
         return jnp.roll(v, -1, axis=-1)
 
     upper_r = -betas * following(w_first)
+    direct = diag1 - betas * following(v_first)
     rowsum = sum1 + betas * (1 - following(yr_first))
-    diag_r = (rowsum - lower_r) - upper_r
+    score = jnp.real(score1 + SUMS_MARGIN * magnitude(betas * following(yr_first))
+                     - magnitude(betas * following(v_first)))
+    diag_r = jnp.where(score < 0, (rowsum - lower_r) - upper_r, direct)
     rhs_r = rhs1 - betas * following(y_first)
     P = devices
     j = np.arange(P)

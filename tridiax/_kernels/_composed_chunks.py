@@ -27,9 +27,10 @@ upper[i-1], sup[i] = lower[i+1] within the chunk), so no shifted band copies are
 
 - `chunk_ends_pnq`: y = T^{-1} b, T^{-1} e_1, T^{-1} e_n (scaled by alpha and omega
   afterwards) and yr = T^{-1} r (r: the rows' sums, formed by XLA) from the kernel's first and
-  last interior rows, and the six (P, C, Q) arrays of the reduced system from them and the
-  separator rows' band values. When the three bands are broadcast along P or Q of the chunk
-  view (a matrix shared by systems), the four right-hand sides are stacked along that axis:
+  last interior rows, and the ten (P, C, Q) arrays of the reduced system from them and the
+  separator rows' band values (`_chunked.py` says why both forms of its diagonal). When the
+  three bands are broadcast along P or Q of the chunk view (a matrix shared by systems), the
+  four right-hand sides are stacked along that axis:
   ONE kernel call, one read of the bands, at the cost of a copy of b into the stack.
   Otherwise FOUR calls, one per right-hand side: the kernels broadcast an operand only along
   an axis of size 1, so stacking would need four copies of every band (more traffic than
@@ -70,8 +71,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
+from .._chunked import SUMS_MARGIN
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape, rows_at
+from ._split_complex import magnitude
 
 # ---------------------------------------------------------------------------------------------
 # The chunk view.
@@ -250,8 +253,8 @@ def _row_sums(l, d, u, *, N: int, transposed: bool, periodic: bool) -> Array:
 def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
                    pivoting: bool = False, stack: bool = True):
     """The partition method's first sweep over (P|1, N|1, Q|1) operands by the plain kernel
-    `solve` (its pivoted kind with `pivoting`): the six (P, C, Q) arrays (lower, sum1, rhs1,
-    sum2, upper, rhs2) of `_native.chunk_ends_pnq`, in b's dtype (the compute dtype), the
+    `solve` (its pivoted kind with `pivoting`): the ten (P, C, Q) arrays of
+    `_native.chunk_ends_pnq` (cpu_kernels.cc, `Mode`), in b's dtype (the compute dtype), the
     reduced rows' sums from a fourth right-hand side, the rows' sums r (`_chunked.py`).
     `stack=False` always runs four sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
@@ -291,12 +294,15 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
                          ((0, nb), (nb, nb + 1), (nb + 1, nb + 2), (nb + 2, nb + 3)))
     y, v1, wn, yr = (_as_chunks(s, C) for s in (y, v1, wn, yr))
     y_first, y_last = _pick(y, 0, 0), _pick(y, m - 2, L - 2)
-    v_last = alpha * _pick(v1, m - 2, L - 2)
-    w_first = omega * _pick(wn, 0, 0)
+    v_first, v_last = alpha * _pick(v1, 0, 0), alpha * _pick(v1, m - 2, L - 2)
+    w_first, w_last = omega * _pick(wn, 0, 0), omega * _pick(wn, m - 2, L - 2)
     yr_first, yr_last = _pick(yr, 0, 0), _pick(yr, m - 2, L - 2)
     one = jnp.ones((), dtype)
-    out = (-sub_n * v_last, (sub_n + d_n) - sub_n * yr_last, b_n - sub_n * y_last,
-           beta * (one - yr_first), -beta * w_first, -beta * y_first)
+    mag, margin = magnitude, SUMS_MARGIN
+    out = (-sub_n * v_last, d_n - sub_n * w_last, (sub_n + d_n) - sub_n * yr_last,
+           b_n - sub_n * y_last, margin * mag(sub_n * yr_last) - mag(sub_n * w_last),
+           -beta * v_first, beta * (one - yr_first), -beta * w_first, -beta * y_first,
+           margin * mag(beta * yr_first) - mag(beta * v_first))
     return tuple(jnp.broadcast_to(v, (P, C, Q)).astype(dtype) for v in out)
 
 

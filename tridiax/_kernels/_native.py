@@ -257,14 +257,14 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
 
 def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
                    pivoting: bool = False):
-    """The partition method's first sweep (`_chunked.py`): six (P, C, Q) arrays, the
-    contributions of each chunk of `chunk` rows to the reduced system, in the compute dtype.
-    `pivoting`: each chunk eliminated with partial pivoting."""
+    """The partition method's first sweep (`_chunked.py`): ten (P, C, Q) arrays, the
+    contributions of each chunk of `chunk` rows to the reduced system (cpu_kernels.cc, `Mode`),
+    in the compute dtype. `pivoting`: each chunk eliminated with partial pivoting."""
     _require()
     shape = broadcast_shape(l, d, u, b)
     P, N, Q = shape
     out = jax.ShapeDtypeStruct((P, -(-N // chunk), Q), b.dtype)
-    call = jax.ffi.ffi_call("tridiax_chunk_ends_cpu", (out,) * 6)
+    call = jax.ffi.ffi_call("tridiax_chunk_ends_cpu", (out,) * 10)
     return call(l, d, u, b, transposed=transposed, periodic=periodic, pivoting=pivoting,
                 chunk=np.int64(chunk), **_tile_attrs(tiling))
 

@@ -58,6 +58,10 @@ constexpr int64_t kGroupAhead = 1024;  // rows a CQ tile's chunks are prefetched
 constexpr int64_t kScanRows = 16;  // the most rows one vector holds (ScanVector<T>::L)
 constexpr int64_t kSpareRows = 32;  // a solve tile's rows of per-lane values (Solver)
 constexpr int64_t kWholeTileBytes = 1 << 18;  // the most a tile's rows read whole may take
+constexpr int kReducedRows = 10;  // the partition method's values per chunk (Solver::Reduced)
+// How much smaller the reduced row's sums' spikes must be for its diagonal to be formed from
+// them (Solver::Reduced; tridiax/_chunked.py, SUMS_MARGIN, the same).
+constexpr double kSumsMargin = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Operands and the 8x8 transposes.
@@ -733,14 +737,16 @@ bool WithGroup(int64_t q, F&& f) {
 //            e_n), where alpha = sub(0) couples row 0 to the previous separator and omega =
 //            sup(n-1) couples row n-1 to s_c, the interior is x = y - v x[s_{c-1}] - w x[s_c].
 //            Substituted into the separator rows, that leaves a tridiagonal system in the
-//            separators, whose rows this sweep writes chunk by chunk (6 arrays (P, C, Q)):
-//              own row s_c:  lower = -sub(n) v_last,  sum1 = sub(n) + d(n) - sub(n) yr_last,
-//                            rhs1 = b(n) - sub(n) y_last;
-//              row s_{c-1}:  sum2 = beta (1 - yr_first),  upper = -beta w_first,
-//                            rhs2 = -beta y_first,   beta = sup(s_{c-1}),
+//            separators, whose rows this sweep writes chunk by chunk (10 arrays (P, C, Q)):
+//              own row s_c:  lower = -sub(n) v_last,  diag1 = d(n) - sub(n) w_last,
+//                            sum1 = sub(n) + d(n) - sub(n) yr_last,  rhs1 = b(n) - sub(n) y_last,
+//                            score1 = 16 |sub(n) yr_last| - |sub(n) w_last|;
+//              row s_{c-1}:  diag2 = -beta v_first,  sum2 = beta (1 - yr_first),
+//                            upper = -beta w_first,  rhs2 = -beta y_first,
+//                            score2 = 16 |beta yr_first| - |beta v_first|,  beta = sup(s_{c-1}),
 //            with yr = T^{-1} r, r the sums of the interior rows (alpha and omega included):
-//            sum1 + sum2 is the reduced row's sum, and its diagonal is that sum less its lower
-//            and upper entries (Reduced says why).
+//            the reduced diagonal is diag1 + diag2, or the reduced row's sum sum1 + sum2 less
+//            its lower and upper entries, whichever score1 + score2 picks (Reduced says why).
 //   kChunkSolve: the last sweep: each interior solved again with the separators known,
 //            b[0] -= alpha x[s_{c-1}], b[n-1] -= omega x[s_c]; x[s_c] written as given.
 // Without `periodic`, nothing couples into chunk 0 from before (alpha = beta = 0 there);
@@ -752,9 +758,9 @@ class Solver {
  public:
   Solver(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
          bool transposed, int64_t kind, int64_t mode, bool periodic)
-      : g_(g), outs_{outs[0], outs[1], outs[2], outs[3], outs[4], outs[5]}, transposed_(transposed),
-        kind_(kind), mode_(mode), periodic_(periodic) {
+      : g_(g), transposed_(transposed), kind_(kind), mode_(mode), periodic_(periodic) {
     for (int k = 0; k < 4; ++k) ops_[k] = ops[k];
+    for (int k = 0; k < kReducedRows; ++k) outs_[k] = outs[k];
     if (xsep != nullptr) xsep_ = *xsep;
   }
 
@@ -955,7 +961,7 @@ class Solver {
       if (tile.lanes == kLanesCQ && WithGroup<T>(g_.Q, runs) && done) return;
     }
 #endif
-    // c'[i-1], y'[i-1], v'[i-1], yr'[i-1], pi_i, and the sums of pi y', pi v', pi yr'.
+    // c'[i-1], y'[i-1], v'[i-1], yr'[i-1], pi_i, the sums of pi y', pi v', pi yr', and w'[n-1].
     T* __restrict__ cp = work;
     T* __restrict__ yp = work + W;
     T* __restrict__ vp = work + 2 * W;
@@ -1016,7 +1022,7 @@ class Solver {
       }
     }
     const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
-    T* o = work + 9 * W;  // 6 rows: the reduced system's contributions
+    T* o = work + 9 * W;  // kReducedRows rows: the reduced system's contributions
     for (int64_t s = 0; s < w; ++s) {
       Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s], rp[s]},
               {ys[s], vs[s], pi[s] * wl[s], rs[s]});
@@ -1135,7 +1141,7 @@ class Solver {
       }
     }
     const V sn = load(0, n), dn = load(1, n), bn = load(3, n);
-    T* o = work + 9 * W;  // 6 rows: the reduced system's contributions, as Ends
+    T* o = work + 9 * W;  // kReducedRows rows: the reduced system's contributions, as Ends
     for (int64_t s = 0; s < L; ++s) {
       Reduced(o, s, sn[s], dn[s], bn[s], beta[s], {yp[s], vp[s], wl[s], rp[s]},
               {ys[s], vs[s], pi[s] * wl[s], rs[s]});
@@ -1213,32 +1219,44 @@ class Solver {
 #endif
 
   // The first and last values of y, v and w in one chunk's interior.
-  // The first and last values of y, v, w and yr (T^{-1} r, r the interior rows' sums) in one
+  // The first or last values of y, v, w and yr (T^{-1} r, r the interior rows' sums) in one
   // chunk's interior.
   struct Spikes {
     T y, v, w, r;
   };
 
-  // Lane s's six contributions to the reduced system (see Mode) into rows of `o` (W apart):
+  // Lane s's ten contributions to the reduced system (see Mode) into rows of `o` (W apart):
   // from its separator row (sub, dia, rhs) and the previous separator's coupling beta. The
-  // reduced diagonal is not formed as d - sub w_last - beta v_first, two-sided elimination
-  // whose terms nearly cancel on weakly dominant matrices (a Poisson problem's reduced
-  // diagonal is 2/(m+1) from terms of size 1), but from the reduced row's sum: with
-  // yr = T^{-1} r = 1 + v + w, that sum is (sub + d - sub yr_last) + beta (1 - yr_first),
-  // in which the row sums r (small on such matrices) are never cancelled against the bands.
+  // reduced diagonal comes in two forms, and _chunked.py takes, row by row, the sums where
+  // their spikes are kSumsMargin times smaller than the direct form's (the score:
+  // kSumsMargin |sub yr| - |sub w| here, kSumsMargin |beta yr| - |beta v| for the previous
+  // row; negative: the sums). Directly, d - sub w_last - beta v_first subtracts terms of size 1 to a
+  // small number on weakly dominant matrices (a Poisson problem's reduced diagonal is
+  // 2/(m+1)), and the spikes' rounding, grown along the chunk, is then a large part of it.
+  // From the reduced row's sum: with yr = T^{-1} r = 1 + v + w, the row sums to
+  // (sub + d - sub yr_last) + beta (1 - yr_first), and yr is small where r is (such
+  // matrices), so little rounding enters; where T^{-1} is large and r is not (matrices far
+  // from dominant, solved with pivoting), yr is as large as the spikes, and its rounding,
+  // which its size does not show when its terms cancel, makes the direct form the better.
   void Reduced(T* o, int64_t s, T sn, T dn, T bn, T beta, Spikes last, Spikes first) const {
     const int64_t W = g_.W;
     o[s] = -sn * last.v;
-    o[W + s] = (sn + dn) - sn * last.r;
-    o[2 * W + s] = bn - sn * last.y;
-    o[3 * W + s] = beta * (T(1) - first.r);
-    o[4 * W + s] = -beta * first.w;
-    o[5 * W + s] = -beta * first.y;
+    o[W + s] = dn - sn * last.w;
+    o[2 * W + s] = (sn + dn) - sn * last.r;
+    o[3 * W + s] = bn - sn * last.y;
+    o[4 * W + s] = T(kSumsMargin * Magnitude(sn * last.r) - Magnitude(sn * last.w));
+    o[5 * W + s] = -beta * first.v;
+    o[6 * W + s] = beta * (T(1) - first.r);
+    o[7 * W + s] = -beta * first.w;
+    o[8 * W + s] = -beta * first.y;
+    o[9 * W + s] = T(kSumsMargin * Magnitude(beta * first.r) - Magnitude(beta * first.v));
   }
 
   void StoreReduced(const Tile& tile, const T* o) const {
     const auto st = g_.Of(tile, g_.C * g_.Q, g_.Q, 1, 1);
-    for (int k = 0; k < 6; ++k) StoreRows(outs_[k], st, g_.Q, tile.w, g_.W, 0, 1, o + k * g_.W);
+    for (int k = 0; k < kReducedRows; ++k) {
+      StoreRows(outs_[k], st, g_.Q, tile.w, g_.W, 0, 1, o + k * g_.W);
+    }
   }
 
   // The first sweep with partial pivoting inside each chunk: Pivoted's elimination of the
@@ -1247,7 +1265,7 @@ class Solver {
   // of U's last row; the first ones are x[0] = sum_i pi_i y'[i] with pi = e_1^T U^{-1}, which
   // U's rows give as they are formed: pi_i = (delta_i0 - pi_{i-1} U1[i-1] - pi_{i-2} U2[i-2])
   // / pivot_i. With the multipliers at most 1 in magnitude, |pi| is bounded by the chunk's
-  // ||T^{-1}||: the conditioning of the chunk, not the elimination, bounds it. `work`: 22
+  // ||T^{-1}||: the conditioning of the chunk, not the elimination, bounds it. `work`: 26
   // rows. Each step's interchange is Pivoted's, written out again (one always-inline helper
   // for both loops slowed the sequential pivoted solve).
   template <typename Sub, typename Dia, typename Sup, typename Rhs>
@@ -1271,7 +1289,7 @@ class Solver {
     T* __restrict__ sv = work + 12 * W;
     T* __restrict__ sw = work + 13 * W;
     T* __restrict__ sr = work + 14 * W;
-    T* zeros = work + 21 * W;  // after the 6 output rows: stands in for a missing band row
+    T* zeros = work + 25 * W;  // after the output rows: stands in for a missing band row
     std::fill(zeros, zeros + w, T(0));
     {
       const T *d0 = dia(0), *b0 = rhs(0);
@@ -1331,7 +1349,7 @@ class Solver {
     }
     const T *sn = sub(n), *dn = dia(n), *bn = rhs(n);
     const T e = n == 1 ? T(1) : T(0);
-    T* o = work + 15 * W;  // 6 rows: the reduced system's contributions, as Ends
+    T* o = work + 15 * W;  // kReducedRows rows: the reduced system's contributions, as Ends
     for (int64_t s = 0; s < w; ++s) {
       const T pi = (e - p1[s] * u1p[s] - p2[s] * u2pp[s]) / pa[s];
       Reduced(o, s, sn[s], dn[s], bn[s], beta[s],
@@ -1572,7 +1590,7 @@ class Solver {
   Geometry g_;
   Operand ops_[4];
   Operand xsep_{};
-  T* outs_[6];
+  T* outs_[kReducedRows];  // x, or (kEnds) the reduced system's arrays
   bool transposed_;
   int64_t kind_, mode_;
   bool periodic_;
@@ -2137,7 +2155,7 @@ ffi::Error ThomasImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer 
   void* out = x->untyped_data();
   const bool ok = ForType(x->element_type(), [&](auto zero) {
     using T = decltype(zero);
-    T* outs[6] = {static_cast<T*>(out)};
+    T* outs[kReducedRows] = {static_cast<T*>(out)};
     Solve<T>(ops, nullptr, outs, g, transposed, kind, kSolve, false);
   });
   return ok ? ffi::Error::Success() : Unsupported();
@@ -2147,7 +2165,9 @@ ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuff
                          ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> o0,
                          ffi::Result<ffi::AnyBuffer> o1, ffi::Result<ffi::AnyBuffer> o2,
                          ffi::Result<ffi::AnyBuffer> o3, ffi::Result<ffi::AnyBuffer> o4,
-                         ffi::Result<ffi::AnyBuffer> o5, bool transposed, bool periodic,
+                         ffi::Result<ffi::AnyBuffer> o5, ffi::Result<ffi::AnyBuffer> o6,
+                         ffi::Result<ffi::AnyBuffer> o7, ffi::Result<ffi::AnyBuffer> o8,
+                         ffi::Result<ffi::AnyBuffer> o9, bool transposed, bool periodic,
                          bool pivoting, int64_t lanes, int64_t width, int64_t chunk) {
   auto dims = o0->dimensions();
   const int64_t P = dims[0], Q = dims[2], N = Rows({&lower, &diag, &upper, &rhs});
@@ -2158,12 +2178,14 @@ ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuff
   }
   const Operand ops[4] = {MakeOperand(lower), MakeOperand(diag), MakeOperand(upper),
                           MakeOperand(rhs)};
-  void* raw[6] = {o0->untyped_data(), o1->untyped_data(), o2->untyped_data(),
-                  o3->untyped_data(), o4->untyped_data(), o5->untyped_data()};
+  void* raw[kReducedRows] = {o0->untyped_data(), o1->untyped_data(), o2->untyped_data(),
+                             o3->untyped_data(), o4->untyped_data(), o5->untyped_data(),
+                             o6->untyped_data(), o7->untyped_data(), o8->untyped_data(),
+                             o9->untyped_data()};
   const bool ok = ForType(o0->element_type(), [&](auto zero) {
     using T = decltype(zero);
-    T* outs[6];
-    for (int k = 0; k < 6; ++k) outs[k] = static_cast<T*>(raw[k]);
+    T* outs[kReducedRows];
+    for (int k = 0; k < kReducedRows; ++k) outs[k] = static_cast<T*>(raw[k]);
     Solve<T>(ops, nullptr, outs, g, transposed, pivoting ? kPivoted : kThomas, kEnds, periodic);
   });
   return ok ? ffi::Error::Success() : Unsupported();
@@ -2186,7 +2208,7 @@ ffi::Error ChunkSolveImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuf
   void* out = x->untyped_data();
   const bool ok = ForType(x->element_type(), [&](auto zero) {
     using T = decltype(zero);
-    T* outs[6] = {static_cast<T*>(out)};
+    T* outs[kReducedRows] = {static_cast<T*>(out)};
     Solve<T>(ops, &sep, outs, g, transposed, pivoting ? kPivoted : kThomas, kChunkSolve,
              periodic);
   });
@@ -2320,6 +2342,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkEndsCpu, ChunkEndsImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
