@@ -12,7 +12,7 @@ rest.
    collective at all and the output keeps the input's sharding.
 2. The solve axis sharded: the same grid with z split over the devices (each device holds a
    slab of every system). tridiax runs the partition method: each device eliminates its
-   slab, one all-gather of 6 numbers per system and device builds a small reduced system, and
+   slab, one all-gather of 7 numbers per system and device builds a small reduced system, and
    each device finishes its slab. The bytes communicated are read from the compiled module.
 3. A gradient through the split solve (implicit differentiation: one more partitioned solve,
    with the transposed bands' edge rows fetched from the neighbouring devices).

@@ -13,8 +13,9 @@ k*m .. k*m + m - 1 of every system).
 2. Substituted into the separator rows, that leaves a P x P tridiagonal system in the
    separators (cyclic when periodic), the reduced system of the single-device partition
    method (`_chunked.py`), its diagonal formed, where that cancels less, from the rows' sums
-   (1 + v + w = yr) rather than from the spikes' ends. Each device contributes 10 numbers
-   per system to one all-gather (communication per system: 10P values, whatever N), and
+   (1 + v + w = yr) rather than from the spikes' ends, each device choosing the form for
+   its side of a row. Each device contributes 7 numbers per system to one all-gather
+   (communication per system: 7P values, whatever N), and
    every device solves the small system (dense, with partial pivoting) for every system it
    holds.
 3. Each device forms its interior rows; its separator row is R_k.
@@ -113,35 +114,39 @@ def solve_split(lower, diag, upper, rhs, *, names, devices: int, axis: int, kind
         return jnp.squeeze(_rows(s, n - 1, n, axis), axis)
 
     sub_s, d_s, b_s = (jnp.squeeze(row(x, n), axis) for x in (lower, diag, rhs))
-    # This block's separator row: its lower entry (R_{k-1}'s coefficient), both forms of the
-    # part of its diagonal this block gives (`_chunked.py`: directly, and from the row's sum)
-    # with the score that chooses, and its right-hand side; then what its first interior row
-    # gives the previous separator's row, times that row's beta, which the previous block
-    # holds.
-    own = [-sub_s * last(v), d_s - sub_s * last(w), (sub_s + d_s) - sub_s * last(yr),
-           b_s - sub_s * last(y),
-           SUMS_MARGIN * magnitude(sub_s * last(yr)) - magnitude(sub_s * last(w))]
-    towards_previous = [first(v), first(yr), first(w), first(y)]
-    gathered = lax.all_gather(jnp.stack(own + towards_previous + [jnp.squeeze(beta, axis)]),
-                              names)  # (P, 10, *batch)
-    (lower_r, diag1, sum1, rhs1, score1, v_first, yr_first, w_first, y_first, betas) = (
-        jnp.moveaxis(gathered[:, j], 0, -1) for j in range(10))  # each (*batch, P)
+
+    def by_score(spikes_sum, by_sums, spike, direct):
+        # `_chunked.py`'s choice, made for each side of a separator row on the block that
+        # holds it: the form from the row's sum where its spikes (yr) are SUMS_MARGIN times
+        # smaller than the direct form's, so that a block sends one value per side, not both.
+        return jnp.where(SUMS_MARGIN * magnitude(spikes_sum) < magnitude(spike), by_sums, direct)
+
+    # This block's separator row: its lower entry (R_{k-1}'s coefficient), the part of its
+    # diagonal this block gives, and its right-hand side.
+    lower_r = -sub_s * last(v)
+    diag_own = by_score(sub_s * last(yr), ((sub_s + d_s) - sub_s * last(yr)) - lower_r,
+                        sub_s * last(w), d_s - sub_s * last(w))
+    rhs_own = b_s - sub_s * last(y)
+    # What this block's first interior row gives the previous separator's row, before the
+    # factor beta that the previous block holds: towards its diagonal -v_first directly, or
+    # (1 - yr_first) - (-w_first) from the row's sum less its upper entry; -w_first its upper
+    # entry; -y_first its right-hand side.
+    towards_diag = by_score(first(yr), (1 - first(yr)) + first(w), first(v), -first(v))
+    gathered = lax.all_gather(jnp.stack([lower_r, diag_own, rhs_own, towards_diag, first(w),
+                                         first(y), jnp.squeeze(beta, axis)]),
+                              names)  # (P, 7, *batch)
+    lower_r, diag_own, rhs_own, towards_diag, w_first, y_first, betas = (
+        jnp.moveaxis(gathered[:, j], 0, -1) for j in range(7))  # each (*batch, P)
 
     # The reduced system in the separators R_0..R_{P-1} (one per block), as `_chunked.py`
-    # forms it: row j takes from block j+1 (cyclically; the last block's beta is zero unless
-    # periodic) -beta_j v_first or beta_j (1 - yr_first) towards its diagonal, -beta_j
-    # w_first and -beta_j y_first; its diagonal is the direct sum, or the row's sum less its
-    # other two entries where that form's spikes are SUMS_MARGIN times smaller.
+    # forms it: row j takes the rest from block j+1 (cyclically; the last block's beta is
+    # zero unless periodic), times beta_j.
     def following(v):
         return jnp.roll(v, -1, axis=-1)
 
+    diag_r = diag_own + betas * following(towards_diag)
     upper_r = -betas * following(w_first)
-    direct = diag1 - betas * following(v_first)
-    rowsum = sum1 + betas * (1 - following(yr_first))
-    score = jnp.real(score1 + SUMS_MARGIN * magnitude(betas * following(yr_first))
-                     - magnitude(betas * following(v_first)))
-    diag_r = jnp.where(score < 0, (rowsum - lower_r) - upper_r, direct)
-    rhs_r = rhs1 - betas * following(y_first)
+    rhs_r = rhs_own - betas * following(y_first)
     P = devices
     j = np.arange(P)
     batch = diag_r.shape[:-1]

@@ -57,10 +57,17 @@ _TARGETS = {
 
 
 # -march=native: the library is cached per CPU (the key includes its feature flags).
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC")
 # -ffp-contract=off: no multiply-add is fused into one rounding, so every code path (vector
 # loops, scalar tails, tiles of any width) rounds each operation as the sequential sweep
 # written out does, and a system gets the same answer, bit for bit, in any batch or layout.
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC")
+# The block kernel fuses them (=fast) as XLA's CPU compiler does, so that its block
+# eliminations round as the XLA formulation's, bit for bit.
+_CONTRACTION = {_BLOCK_SOURCE: "-ffp-contract=fast"}
+
+
+def _source_flags(source: pathlib.Path) -> tuple[str, ...]:
+    return (*_FLAGS, _CONTRACTION.get(source, "-ffp-contract=off"))
 
 
 def _cpu_flags() -> str:
@@ -82,12 +89,11 @@ def _vector_math_library() -> str | None:
 
 def _compile(compiler: str, out: pathlib.Path, *, vector_math: str | None) -> None:
     # The sources compile side by side (each takes a while), then link into one library.
-    flags = [compiler, *_FLAGS, "-I", jax.ffi.include_dir()]
-    if vector_math:
-        flags.append("-DTRIDIAX_LIBMVEC")
+    extra = ["-I", jax.ffi.include_dir(), *(["-DTRIDIAX_LIBMVEC"] if vector_math else [])]
     objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
-    jobs = [subprocess.Popen([*flags, "-c", str(source), "-o", str(obj)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    jobs = [subprocess.Popen([compiler, *_source_flags(source), *extra, "-c", str(source),
+                              "-o", str(obj)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
             for source, obj in zip(_SOURCES, objects)]
     for job, (stdout, stderr) in [(job, job.communicate()) for job in jobs]:
         if job.returncode:
@@ -138,7 +144,8 @@ def _library_path() -> pathlib.Path:
     key = hashlib.sha256(
         b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
                     jax.__version__.encode(), _cpu_flags().encode(), compiler.encode(),
-                    " ".join(_FLAGS).encode(), str(_vector_math_library()).encode()])
+                    *(" ".join(_source_flags(source)).encode() for source in _SOURCES),
+                    str(_vector_math_library()).encode()])
     ).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
     path = cache / f"cpu_kernels-{key}.so"
