@@ -38,7 +38,7 @@ from jax import Array, lax
 
 from ._chunked import SUMS_MARGIN
 from ._dtypes import compute_dtype
-from ._kernels._xla_banded import magnitude
+from ._kernels._split_complex import magnitude
 from ._layout import broadcast_shape
 from ._periodic import is_periodic
 

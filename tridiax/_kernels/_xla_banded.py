@@ -24,15 +24,9 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from .._dtypes import compute_dtype
+from ._split_complex import magnitude
 
 KINDS = ("banded", "banded_pivoted", "banded_hermitian")
-
-
-def magnitude(x: Array) -> Array:
-    """|Re| + |Im| (|x| for real x): LAPACK's pivot measure."""
-    if jnp.iscomplexobj(x):
-        return jnp.abs(x.real) + jnp.abs(x.imag)
-    return jnp.abs(x)
 
 
 def solve_pnq(ab: Array, b: Array, *, l: int, u: int, kind: str, transposed: bool,

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from .._dtypes import compute_dtype
-from ._xla_banded import _swap, magnitude
+from ._split_complex import magnitude
+from ._xla_banded import _swap
 
 KINDS = ("block", "block_pivoted", "block_hermitian")
 

@@ -740,10 +740,11 @@ bool WithGroup(int64_t q, F&& f) {
 //            separators, whose rows this sweep writes chunk by chunk (10 arrays (P, C, Q)):
 //              own row s_c:  lower = -sub(n) v_last,  diag1 = d(n) - sub(n) w_last,
 //                            sum1 = sub(n) + d(n) - sub(n) yr_last,  rhs1 = b(n) - sub(n) y_last,
-//                            score1 = 16 |sub(n) yr_last| - |sub(n) w_last|;
+//                            score1 = kSumsMargin |sub(n) yr_last| - |sub(n) w_last|;
 //              row s_{c-1}:  diag2 = -beta v_first,  sum2 = beta (1 - yr_first),
 //                            upper = -beta w_first,  rhs2 = -beta y_first,
-//                            score2 = 16 |beta yr_first| - |beta v_first|,  beta = sup(s_{c-1}),
+//                            score2 = kSumsMargin |beta yr_first| - |beta v_first|,
+//                            beta = sup(s_{c-1}),
 //            with yr = T^{-1} r, r the sums of the interior rows (alpha and omega included):
 //            the reduced diagonal is diag1 + diag2, or the reduced row's sum sum1 + sum2 less
 //            its lower and upper entries, whichever score1 + score2 picks (Reduced says why).
@@ -1218,7 +1219,6 @@ class Solver {
   }
 #endif
 
-  // The first and last values of y, v and w in one chunk's interior.
   // The first or last values of y, v, w and yr (T^{-1} r, r the interior rows' sums) in one
   // chunk's interior.
   struct Spikes {
@@ -1230,8 +1230,8 @@ class Solver {
   // reduced diagonal comes in two forms, and _chunked.py takes, row by row, the sums where
   // their spikes are kSumsMargin times smaller than the direct form's (the score:
   // kSumsMargin |sub yr| - |sub w| here, kSumsMargin |beta yr| - |beta v| for the previous
-  // row; negative: the sums). Directly, d - sub w_last - beta v_first subtracts terms of size 1 to a
-  // small number on weakly dominant matrices (a Poisson problem's reduced diagonal is
+  // row; negative: the sums). Directly, d - sub w_last - beta v_first subtracts terms of
+  // size 1 to a small number on weakly dominant matrices (a Poisson problem's reduced diagonal is
   // 2/(m+1)), and the spikes' rounding, grown along the chunk, is then a large part of it.
   // From the reduced row's sum: with yr = T^{-1} r = 1 + v + w, the row sums to
   // (sub + d - sub yr_last) + beta (1 - yr_first), and yr is small where r is (such
