@@ -80,6 +80,12 @@ class KernelReport:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     arch: str | None
+    # What the launch moves, for `benchmarks/gpu_model.py`: the bytes of its operands and of its
+    # results (one pass over each, from the compiled HLO), and for a Pallas Triton kernel its
+    # arrays as {"shape", "block", "itemsize", "output"} (the pallas_call's block specs).
+    operand_bytes: int = 0
+    result_bytes: int = 0
+    arrays: tuple = ()
 
     @property
     def blocks(self) -> int:
@@ -104,6 +110,9 @@ class CaseReport:
     kernels: tuple[KernelReport, ...]
     compile_seconds: float
     error: str | None = None
+    # Custom calls that launch a library's kernels (cuSPARSE, cuBLAS: no grid of their own), as
+    # {"target", "operand_bytes", "result_bytes"}.
+    library_calls: tuple = ()
 
 
 def packages() -> list[str]:
@@ -164,9 +173,16 @@ def compile_reports(cases: Mapping[str, tuple[str | Callable, Sequence[Spec]]], 
         if proc.returncode != 0 or not result_file.exists():
             raise RuntimeError(f"gpu_aot worker failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}")
         results = json.loads(result_file.read_text())
-    return {name: CaseReport(tuple(KernelReport(**{**k, "grid": tuple(k["grid"]), "block": tuple(k["block"])})
-                                   for k in r["kernels"]), r["compile_seconds"], r["error"])
-            for name, r in results.items()}
+    return {name: case_report(r) for name, r in results.items()}
+
+
+def case_report(result: dict) -> CaseReport:
+    """A CaseReport from its JSON form (the worker's output, or stored data)."""
+    kernels = tuple(KernelReport(**{**k, "grid": tuple(k["grid"]), "block": tuple(k["block"]),
+                                    "arrays": tuple(k.get("arrays", ()))})
+                    for k in result["kernels"])
+    return CaseReport(kernels, result["compile_seconds"], result["error"],
+                      tuple(result.get("library_calls", ())))
 
 
 def _reference(fn: str | Callable) -> str:
@@ -192,6 +208,36 @@ _THUNK = re.compile(r"^\s*(?P<id>\d+): \w+\s+(?:\[[^\]]*\]\s+)?(?P<name>\S+) "
                     re.M)
 _ANNOTATION = re.compile(r'profile_annotation: "(?P<annotation>[^"]*)"\s+thunk_id: (?P<id>\d+)')
 _CUSTOM_CALL = re.compile(r'%(?P<name>[\w.\-]+) = [^\n]*?\bcustom-call\([^\n]*?custom_call_target="(?P<target>[^"]+)"')
+# An HLO instruction: its name, result shape (an array or a tuple of them), opcode and operands.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<shape>\([^=]*?\)|[\w]+\[[\d,]*\](?:\{[^}]*\})?) "
+                          r"(?P<opcode>[\w\-]+)\((?P<operands>[^)]*)\)", re.M)
+_ARRAY = re.compile(r"\b(?P<type>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+             "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+# Custom calls that are neither kernels of their own nor free (library solvers and GEMMs).
+_LIBRARY = re.compile(r"cusparse|cublas|cusolver|gtsv", re.I)
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape ("f32[64,100]{1,0}", or a tuple of arrays)."""
+    total = 0
+    for m in _ARRAY.finditer(shape):
+        count = 1
+        for d in filter(None, m["dims"].split(",")):
+            count *= int(d)
+        total += count * _ITEMSIZE.get(m["type"], 0)
+    return total
+
+
+def instruction_bytes(hlo: str) -> dict[str, tuple[int, int]]:
+    """Per HLO instruction name: (bytes of its operands, bytes of its result)."""
+    shapes = {m["name"]: m["shape"] for m in _INSTRUCTION.finditer(hlo)}
+    sizes = {}
+    for m in _INSTRUCTION.finditer(hlo):
+        operands = re.findall(r"%([\w.\-]+)", m["operands"])
+        sizes[m["name"]] = (sum(shape_bytes(shapes.get(o, "")) for o in operands),
+                            shape_bytes(m["shape"]))
+    return sizes
 
 
 def parse_ptxas(log: str) -> dict[str, dict]:
@@ -226,12 +272,16 @@ def parse_dump(dump_dir: pathlib.Path, log: str) -> list[dict]:
         return "\n".join(p.read_text() for p in sorted(dump_dir.glob(pattern)))
 
     annotations = {m["id"]: m["annotation"] for m in _ANNOTATION.finditer(read("*thunk_metadata.txt"))}
-    targets = {m["name"]: m["target"] for m in _CUSTOM_CALL.finditer(read("*gpu_after_optimizations.txt"))}
+    hlo = read("*gpu_after_optimizations.txt")
+    targets = {m["name"]: m["target"] for m in _CUSTOM_CALL.finditer(hlo)}
+    sizes = instruction_bytes(hlo)
     ptxas = parse_ptxas(log)
     kernels = []
     for m in _THUNK.finditer(read("*thunk_sequence.txt")):
-        target = targets.get(annotations.get(str(int(m["id"])), ""))
+        instruction = annotations.get(str(int(m["id"])), "")
+        target = targets.get(instruction)
         stats = ptxas.get(m["name"], {})
+        operand_bytes, result_bytes = sizes.get(instruction, (0, 0))
         kernels.append({
             "name": m["name"],
             "origin": "xla" if target is None else "pallas_triton" if target == TRITON_CALL else target,
@@ -242,8 +292,19 @@ def parse_dump(dump_dir: pathlib.Path, log: str) -> list[dict]:
             "grid": [int(g) for g in m["grid"].split(",")],
             "block": [int(b) for b in m["block"].split(",")],
             "arch": stats.get("arch"),
+            "operand_bytes": operand_bytes,
+            "result_bytes": result_bytes,
         })
     return kernels
+
+
+def parse_library_calls(dump_dir: pathlib.Path) -> list[dict]:
+    """The library custom calls (cuSPARSE, ...) of the program dumped in `dump_dir`."""
+    hlo = "\n".join(p.read_text() for p in sorted(dump_dir.glob("*gpu_after_optimizations.txt")))
+    sizes = instruction_bytes(hlo)
+    return [{"target": m["target"], "operand_bytes": sizes.get(m["name"], (0, 0))[0],
+             "result_bytes": sizes.get(m["name"], (0, 0))[1]}
+            for m in _CUSTOM_CALL.finditer(hlo) if _LIBRARY.search(m["target"])]
 
 
 # --- the subprocess -------------------------------------------------------------------------
@@ -268,7 +329,7 @@ def _compile_case(case: dict, device, dump_dir: pathlib.Path) -> dict:
             sys.stderr.flush()
             os.dup2(log.fileno(), 2)
             specs = [jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding) for shape, dtype in case["specs"]]
-            with _mosaic_launches() as mosaic:
+            with _mosaic_launches() as mosaic, _triton_block_specs() as triton:
                 jax.jit(_resolve(case["fn"])).trace(*specs).lower().compile(
                     compiler_options={"xla_dump_to": str(dump_dir)})
             sys.stderr.flush()
@@ -286,7 +347,58 @@ def _compile_case(case: dict, device, dump_dir: pathlib.Path) -> dict:
         os.close(saved_stderr)
     seconds = time.perf_counter() - start
     kernels = parse_dump(dump_dir, log_file.read_text()) + mosaic
-    return {"kernels": kernels, "compile_seconds": seconds, "error": None}
+    for kernel in kernels:  # a Pallas Triton launch gets its block specs
+        if kernel["origin"] == "pallas_triton":
+            kernel["arrays"] = triton.get((kernel["name"], kernel["operand_bytes"],
+                                           kernel["result_bytes"]), [])
+    return {"kernels": kernels, "compile_seconds": seconds, "error": None,
+            "library_calls": parse_library_calls(dump_dir)}
+
+
+@contextlib.contextmanager
+def _triton_block_specs():
+    """Record the arrays and block shapes of each pallas_call lowered through Triton inside the
+    block, keyed by (kernel name, operand bytes, result bytes) as `parse_dump` sees its launch,
+    by wrapping Pallas's registered Triton lowering rule."""
+    records: dict[tuple, list[dict]] = {}
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.pallas import core as pallas_core
+        from jax._src.pallas.triton import core as triton_core
+        from jax._src.pallas.triton import pallas_call_registration  # noqa: F401 (registers the rule)
+    except ImportError:
+        yield records
+        return
+    rules = pallas_core._backend_lowering_rules
+    saved = rules.get(triton_core.CompilerParams)
+    if saved is None:
+        yield records
+        return
+    rule, platform = saved
+
+    import numpy as np
+
+    def recording(ctx, *in_nodes, jaxpr, grid_mapping, **params):
+        arrays = []
+        for k, bm in enumerate(grid_mapping.block_mappings):
+            aval = bm.array_aval
+            block = [d if isinstance(d, int) else 1 for d in
+                     (getattr(b, "block_size", b) for b in bm.block_shape)]
+            arrays.append({"shape": list(aval.shape), "block": block,
+                           "itemsize": aval.dtype.itemsize,
+                           "output": k >= grid_mapping.num_inputs})
+        sizes = [int(np.prod(a["shape"])) * a["itemsize"] for a in arrays]
+        key = (mlir.sanitize_name(jaxpr.debug_info.func_name),
+               sum(sz for sz, a in zip(sizes, arrays) if not a["output"]),
+               sum(sz for sz, a in zip(sizes, arrays) if a["output"]))
+        records[key] = arrays
+        return rule(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping, **params)
+
+    rules[triton_core.CompilerParams] = (recording, platform)
+    try:
+        yield records
+    finally:
+        rules[triton_core.CompilerParams] = saved
 
 
 @contextlib.contextmanager
@@ -319,7 +431,9 @@ def _mosaic_launches():
 
 def _worker(request_file: str, result_file: str) -> None:
     """Compile the cases of `request_file` (JSON) for an H100; write their reports to `result_file`."""
-    sys.path.insert(0, str(HERE.parent))  # tridiax from this checkout, as `python -m pytest` has it
+    # tridiax from this checkout, as `python -m pytest` has it, or from GPU_AOT_ROOT (another
+    # checkout: the model's calibration compiles the code a GPU measured)
+    sys.path.insert(0, os.environ.get("GPU_AOT_ROOT", str(HERE.parent)))
     import jax
     from jax.experimental import topologies
 
