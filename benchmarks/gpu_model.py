@@ -3,34 +3,41 @@
     python benchmarks/gpu_model.py                  # the shape table for the code of this checkout
     python benchmarks/gpu_model.py --calibrate      # model beside the H100 run it is calibrated on
     python benchmarks/gpu_model.py --write          # both, stored in benchmarks/data/gpu_model_h100.json
+    python benchmarks/gpu_model.py --measured benchmarks/data/shapes_h100.json  # beside a GPU run
 
 Each call is compiled for an H100 without a GPU (`tests/gpu_aot.py`: XLA's deviceless compile,
 ptxas, the thunk sequence), which lists every kernel launched with its grid, threads and
 registers, the bytes of its operands and results (compiled HLO) and, for a Pallas Triton
-kernel, its block specs. From these, per launch:
+kernel, its block specs and the tiles its Triton IR loads and stores. From these, per launch:
 
 - **traffic**: each operand read once and each result written once; a Pallas sweep kernel that
   sweeps back (`TWO_SWEEP`) writes its work outputs in the forward sweep and reads them back in
   the backward one, and writes the solution twice (y' then x) and reads it once; an XLA fusion
   that updates a buffer in place (dynamic-update-slice) moves only the update, read and written;
-- **coalescing**: a Pallas kernel reads (writes) one row of its (bp, N, bq) block per step,
-  bp runs of bq contiguous values: a run shorter than a 32-byte sector fetches the whole sector
-  (batch-first systems, Q = 1: 8x the bytes in float32), `waste` = sector / run;
+- **coalescing**: each global load and store of a Pallas kernel moves a tile whose last dim (or
+  its rows, for systems of one value a row) is a run of contiguous values; a run shorter than
+  `FETCH_BYTES` fetches that many bytes (the row kernel on batch-first systems: one float32
+  value of each system a step, 8x the bytes); `waste` = fetched / used, weighted over the
+  accesses (from the block specs, one row of the block a step, where the IR was not recorded);
 - **memory time**: the bytes times their waste over `STREAM` of the peak bandwidth;
 - **latency time**: a sweep kernel's program steps through its rows one after another, `ROW_S`
-  seconds a row; the GPU holds `resident` programs at once (SMs times the blocks an SM fits by
-  threads and registers), so `waves` = ceil(blocks / resident) rounds of rows x passes steps;
+  seconds a step (`ROW_L2_S` where the kernel's arrays fit in the L2: a reduced system); a
+  step loads one row, or k rows where its tiles hold k rows (`_pallas_rows.py`); the GPU holds
+  `resident` programs at once (SMs times the blocks an SM fits by threads and registers), so
+  `waves` = ceil(blocks / resident) rounds of steps x passes;
 - the launch takes max(memory, latency) plus `LAUNCH_S`; library calls (cuSPARSE's gtsv2) take
   `LIBRARY` times the memory time of their operands and results.
 
 The floor is the bytes a call must move (each input read once, the output written once) at
 `STREAM` of the peak, plus one launch. The goal (issue: GPU shapes) is a modelled ratio of at
 most 2x on every row, 1.4x on the design shapes (many systems in either layout, long
-recurrences). `--calibrate` compiles the code the H100 measured on 2026-11-24 (commit
-`MEASURED_COMMIT`, in a temporary worktree) and prints the model beside those measurements;
-the constants above are fitted to them (`fit`). What the model does not see: caches (L2 holds
-50 MB: work rows of a few short systems may never reach HBM), instruction costs other than a
-row's dependent chain, and the kernels of a library call.
+recurrences), and forward plus gradient (of sum(x**2) w.r.t. every input) at most
+`GRAD_GOAL` times the forward. `--calibrate` compiles the code the H100 measured on
+2026-11-24 (commit `MEASURED_COMMIT`, in a temporary worktree) and prints the model beside
+those measurements; the constants above are fitted to them (`fit`). What the model does not
+see: caches beyond the one rule above (the L2 holds 50 MB: a burst fetched for one row may
+still be there for the next), instruction costs other than a row's dependent chain, and the
+kernels of a library call.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -64,19 +72,23 @@ SECTOR_BYTES = 32
 
 # Fitted to the 2026-11-24 H100 run (`fit`; `--calibrate` prints the fit).
 STREAM = 0.78  # fraction of the peak a streaming kernel reaches
-ROW_S = 0.8e-6  # one row step of a sweep kernel's program, when nothing else hides it
+ROW_S = 0.6e-6  # one row step of a sweep kernel's program, when nothing else hides it
+ROW_L2_S = 0.025e-6  # the same, for a kernel whose arrays fit in the L2 (a reduced system)
+L2_BYTES = 50 * 2**20
 LAUNCH_S = 5e-6  # one kernel launch (not fitted)
 LIBRARY = 7.0  # a library call's time over the memory time of its operands and results
-# Bytes HBM moves for a run shorter than this (a 32-byte sector; HBM3 bursts are 64 bytes).
-FETCH_BYTES = 64
+# Bytes fetched for a run shorter than this (a 32-byte sector; HBM3 bursts are 64 bytes: the
+# fit chooses between the two).
+FETCH_BYTES = 32
 # What a timed call costs beyond its kernels (dispatch and synchronization of the benchmark's
 # loop): in measured times only, the floor's included, never in the ratios the goal is about.
 CALL_S = 125e-6
 
 # Pallas kernels that sweep forward and back (work outputs written, then read back).
-TWO_SWEEP = ("tridiax_thomas", "tridiax_banded", "tridiax_block")
+TWO_SWEEP = ("tridiax_thomas", "tridiax_thomas_rows", "tridiax_banded", "tridiax_block")
 GOAL = 2.0
 DESIGN_GOAL = 1.4
+GRAD_GOAL = 2.5
 
 # The 2026-11-24 H100 run (benchmarks/README.md, "On an H100"): float32, ms of tridiax, of the
 # floor, and of lax (cuSPARSE, associative_scan), per row of the shape table.
@@ -122,6 +134,7 @@ def goal(label: str) -> float:
 class Constants:
     stream: float = STREAM
     row_s: float = ROW_S
+    row_l2_s: float = ROW_L2_S
     launch_s: float = LAUNCH_S
     library: float = LIBRARY
     call_s: float = CALL_S
@@ -164,9 +177,47 @@ def resident_blocks(kernel) -> int:
     return SMS * max(1, per_sm)
 
 
+def kernel_stem(name: str) -> str:
+    """A kernel's name without the suffix XLA gives repeated kernels ("tridiax_thomas__1")."""
+    return re.sub(r"__\d+$", "", name)
+
+
+def access_run(dims) -> int:
+    """Contiguous values of one access tile: its last dim; a 3-D (systems, rows, 1) tile of
+    arrays with one value a row (Q = 1) runs along its rows."""
+    if len(dims) >= 3 and dims[-1] == 1:
+        return dims[-2]
+    return dims[-1]
+
+
+def access_waste(accesses, fetch_bytes: int = FETCH_BYTES) -> float | None:
+    """Bytes fetched per byte used over a kernel's global loads and stores (its Triton IR:
+    [tile dims..., itemsize] each), weighted by the values each moves: a run shorter than a
+    burst fetches the whole burst; a single value (one system's row after row) shares its
+    bursts with the next rows. None when the IR was not recorded."""
+    if not accesses:
+        return None
+    used = fetched = 0.0
+    for *dims, itemsize in accesses:
+        values = math.prod(dims)
+        run = access_run(dims) * itemsize
+        waste = 1.0 if values == 1 or run >= fetch_bytes else fetch_bytes / run
+        used += values * itemsize
+        fetched += values * itemsize * waste
+    return fetched / used
+
+
+def rows_per_step(kernel) -> int:
+    """Rows a sweep kernel's program loads at once: the rows dim of its 3-D (systems, rows,
+    systems) access tiles (`_pallas_rows.py`); 1 for the row kernels' 2-D tiles of one row."""
+    rows = [dims[-2] for *dims, _ in kernel.accesses if len(dims) >= 3]
+    return max(rows) if rows else 1
+
+
 def _pallas_traffic(kernel, fetch_bytes: int) -> tuple[float, float, int]:
-    """(bytes moved, bytes fetched, rows one program steps through) of a Pallas kernel."""
-    two_sweep = kernel.name in TWO_SWEEP
+    """(bytes moved, bytes fetched, dependent steps of one program) of a Pallas kernel."""
+    two_sweep = kernel_stem(kernel.name) in TWO_SWEEP
+    ir_waste = access_waste(kernel.accesses, fetch_bytes)
     moved = fetched = 0.0
     first_output = True
     rows = 0
@@ -177,10 +228,12 @@ def _pallas_traffic(kernel, fetch_bytes: int) -> tuple[float, float, int]:
             passes = (3 if first_output else 2) if two_sweep else 1
             first_output = False
         moved += passes * size
-        fetched += passes * size * run_waste(array, fetch_bytes)
+        waste = ir_waste if ir_waste is not None else run_waste(array, fetch_bytes)
+        fetched += passes * size * waste
         if len(array["block"]) >= 2:
             rows = max(rows, array["block"][-2])
-    return moved, fetched, rows * (2 if two_sweep else 1)
+    steps = -(-rows // rows_per_step(kernel))
+    return moved, fetched, steps * (2 if two_sweep else 1)
 
 
 def model_launch(kernel, c: Constants = Constants()) -> Launch:
@@ -195,7 +248,7 @@ def model_launch(kernel, c: Constants = Constants()) -> Launch:
             rows = 0
     memory = fetched / (c.stream * PEAK_BYTES_S)
     waves = -(-kernel.blocks // resident_blocks(kernel))
-    latency = waves * rows * c.row_s
+    latency = waves * rows * (c.row_l2_s if moved <= L2_BYTES else c.row_s)
     return Launch(kernel.name, kernel.origin, kernel.blocks, moved, fetched / max(moved, 1),
                   memory, latency, max(memory, latency) + c.launch_s)
 
@@ -233,19 +286,24 @@ def model_case(report, floor: int, c: Constants = Constants()) -> Modelled:
 # Compiling the shapes.
 
 
-def _entry(op: str, axis: int, lax: bool = False) -> str:
+def _entry(op: str, axis: int, lax: bool = False, grad: bool = False) -> str:
     if lax:  # cuSPARSE through lax.linalg, as bench_shapes.py times it (transposes included)
         return f"bench_shapes:lax_solve({axis})"
     if op == "solve":
-        return f"tridiax:lambda *a: solve_tridiagonal(*a, axis={axis})"
-    return f"tridiax:lambda a, x: linear_recurrence(a, x, axis={axis})"
+        call, arguments = f"solve_tridiagonal(*b, axis={axis})", "(0, 1, 2, 3)"
+    else:
+        call, arguments = f"linear_recurrence(*b, axis={axis})", "(0, 1)"
+    if grad:  # forward and the gradient of sum(x**2) w.r.t. every input, as bench_shapes.py
+        return (f"tridiax:lambda *a: __import__('jax').grad(lambda *b: ({call} ** 2).sum(), "
+                f"argnums={arguments})(*a)")
+    return f"tridiax:lambda *b: {call}"
 
 
 def compile_shapes(dtype: str = "float32", root: pathlib.Path | None = None,
-                   lax: bool = False) -> dict:
+                   lax: bool = False, grad: bool = False) -> dict:
     """{label: CaseReport} of every shape compiled for an H100 from the code at `root` (or,
-    `lax`: the solves through lax.linalg, cuSPARSE)."""
-    cases = {label: (_entry(op, axis, lax), [(shape, dtype)] * (4 if op == "solve" else 2))
+    `lax`: the solves through lax.linalg, cuSPARSE; `grad`: forward and gradient)."""
+    cases = {label: (_entry(op, axis, lax, grad), [(shape, dtype)] * (4 if op == "solve" else 2))
              for label, shape, axis, op in shapes() if op == "solve" or not lax}
     env = {"GPU_AOT_ROOT": str(root or ROOT),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"),
@@ -336,11 +394,11 @@ def fit(reports: dict) -> Constants:
     """The constants minimizing the squared log errors of the measured times, tridiax's and
     the floor's (a grid search); LIBRARY is `fit_library`'s."""
     best = None
-    for stream, call_us, row_ns, library, fetch in itertools.product(
-            (0.5, 0.6, 0.7, 0.78, 0.85), (50, 75, 100, 125, 150),
-            (100, 200, 300, 400, 600, 800, 1000, 1200, 1600), (1.0, 1.5, 2.0, 3.0, 4.0),
-            (32, 64)):
-        c = Constants(stream, row_ns * 1e-9, LAUNCH_S, library, call_us * 1e-6, fetch)
+    for stream, call_us, row_ns, row_l2_ns, fetch in itertools.product(
+            (0.6, 0.7, 0.78, 0.85), (75, 100, 125, 150),
+            (200, 300, 400, 600, 800, 1000, 1200), (25, 50, 100, 200, 400), (32, 64)):
+        c = Constants(stream, row_ns * 1e-9, row_l2_ns * 1e-9, LAUNCH_S, LIBRARY,
+                      call_us * 1e-6, fetch)
         err = sum(a * a + b * b for a, b in log_errors(reports, c).values())
         if best is None or err < best[0]:
             best = (err, c)
@@ -358,8 +416,10 @@ def _dominant(m: Modelled) -> str:
     return f"{len(m.launches)} launches; slowest {top.name} ({top.blocks} blocks, {bound})"
 
 
-def print_table(reports: dict, *, measured: bool, c: Constants = Constants()) -> None:
+def print_table(reports: dict, *, measured: bool, c: Constants = Constants(),
+                grad_reports: dict | None = None) -> None:
     table = model_table(reports, c)
+    grads = model_table(grad_reports, c) if grad_reports else {}
     if measured:
         print("| data (float32, H100) | measured ms | modelled ms | model / measured | "
               "floor measured | floor modelled | measured / floor | modelled / floor (timed) | "
@@ -367,8 +427,8 @@ def print_table(reports: dict, *, measured: bool, c: Constants = Constants()) ->
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     else:
         print("| data (float32, H100) | modelled ms | modelled / floor | goal | meets | "
-              "what the model sees |")
-        print("|---|---:|---:|---:|---|---|")
+              "fwd+grad / fwd | what the model sees |")
+        print("|---|---:|---:|---:|---|---:|---|")
     for label, *_ in shapes():
         m = table[label]
         if m is None:
@@ -383,8 +443,32 @@ def print_table(reports: dict, *, measured: bool, c: Constants = Constants()) ->
                   f"{floor_ms:.3f} | {model_floor_ms:.3f} | {ms / floor_ms:.2f}x | "
                   f"{model_ms / model_floor_ms:.2f}x | {m.ratio:.2f}x | {_dominant(m)} |")
         else:
+            g = grads.get(label)
+            grad = f"{g.seconds / m.seconds:.2f}x" if g is not None else "-"
             print(f"| {label} | {m.seconds * 1e3:.3f} | {m.ratio:.2f}x | {goal(label)}x | "
-                  f"{'yes' if m.ratio <= goal(label) else 'no'} | {_dominant(m)} |")
+                  f"{'yes' if m.ratio <= goal(label) else 'no'} | {grad} | {_dominant(m)} |")
+
+
+def measured_rows(path: pathlib.Path, dtype: str = "float32") -> dict[str, dict[str, float]]:
+    """{case: {method: ms}} of the forward rows of a bench_shapes.py / gpu_report.py data file
+    (`shapes_<gpu>.json`)."""
+    rows = json.loads(pathlib.Path(path).read_text())["rows"]
+    found: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("table") == "shapes" and r["dtype"] == dtype and not r["grad"] and r["ms"]:
+            found.setdefault(r["case"], {})[r["method"]] = r["ms"]
+    return found
+
+
+def compare(table: dict, measured: dict, c: Constants = Constants()) -> dict:
+    """{case: (modelled ms, measured ms, modelled floor ms, measured floor ms)} for the rows
+    both have (modelled as the benchmark times them: `timed_ms`)."""
+    out = {}
+    for label, m in table.items():
+        row = measured.get(label, {})
+        if m is not None and "tridiax" in row and "floor" in row:
+            out[label] = (*timed_ms(m, c), row["tridiax"], row["floor"])
+    return out
 
 
 def main() -> None:
@@ -393,6 +477,9 @@ def main() -> None:
                         help="model the code the H100 measured, beside the measurements")
     parser.add_argument("--write", action="store_true",
                         help=f"store both tables' compile reports and ratios in {DATA.name}")
+    parser.add_argument("--measured", metavar="JSON",
+                        help="a GPU run's shape table (gpu_report.py's shapes_<gpu>.json): the "
+                             "model of this checkout beside it")
     args = parser.parse_args()
     data = {}
     if args.calibrate or args.write:
@@ -416,18 +503,31 @@ def main() -> None:
                                    "fitted": dataclasses.asdict(fitted),
                                    "reports": reports_as_data(measured),
                                    "lax_reports": reports_as_data(lax_reports)}
-    current = compile_shapes()
+    current, current_grad = compile_shapes(), compile_shapes(grad=True)
     print("This checkout:\n")
-    print_table(current, measured=False)
+    print_table(current, measured=False, grad_reports=current_grad)
+    if args.measured:
+        rows = compare(model_table(current), measured_rows(args.measured))
+        print(f"\nModel beside {args.measured} (ms as timed, with the fitted call overhead):\n")
+        print("| data | modelled ms | measured ms | model / measured | modelled / floor | "
+              "measured / floor |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for label, (model_ms, model_floor, ms, floor) in rows.items():
+            print(f"| {label} | {model_ms:.3f} | {ms:.3f} | {model_ms / ms:.2f} | "
+                  f"{model_ms / model_floor:.2f}x | {ms / floor:.2f}x |")
     if args.write:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from _timing import run_meta
 
         data = {"meta": run_meta(args=vars(args), modelled_device="H100 SXM (deviceless)"), **data}
         table = model_table(current)
+        grads = model_table(current_grad)
         data["current"] = {"reports": reports_as_data(current),
-                           "ratio": {k: (v.ratio if v else None) for k, v in table.items()}}
-        DATA.write_text(json.dumps(data, indent=1) + "\n")
+                           "grad_reports": reports_as_data(current_grad),
+                           "ratio": {k: (v.ratio if v else None) for k, v in table.items()},
+                           "grad_ratio": {k: (grads[k].seconds / v.seconds if v and grads[k]
+                                              else None) for k, v in table.items()}}
+        DATA.write_text(json.dumps(data, separators=(",", ":")) + "\n")
         print(f"\nwrote {DATA.relative_to(ROOT)}")
 
 

@@ -18,9 +18,11 @@ Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also run
    (inputs read once, the output written once), that as a fraction of the device's peak, and
    the ratio to a fused XLA elementwise op moving the same bytes (the floor);
 4. the shape table of bench_shapes.py (many short systems, few long ones, one very long one,
-   recurrences), with the bandwidth reached (the bytes of reading every input and writing the
-   output once, over tridiax's time) as GB/s and fraction of peak, and lax (associative_scan
-   for recurrences) beside it;
+   recurrences), in float32 and float64 (`--dtypes`), also written as data
+   (`benchmarks/data/shapes_<gpu>.json` on a GPU, `--json` elsewhere; compare it with the cost
+   model: `python benchmarks/gpu_model.py --measured FILE`), with the bandwidth reached (the
+   bytes of reading every input and writing the output once, over tridiax's time) as GB/s
+   and fraction of peak, and lax (associative_scan for recurrences) beside it;
 5. a Pallas tile sweep: (bp, bq) blocks on the (N, B) and (B, N) layouts.
 
 Every figure is the minimum of repeats after a warm-up (compile time excluded), ratios taken
@@ -32,6 +34,7 @@ tridiax/_backend.py, tiles in tridiax/_kernels/_pallas_tiles.py) follow it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import subprocess
@@ -41,8 +44,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import machine  # benchmarks/ is on sys.path when run as a script
-from bench_shapes import QUICK, SHAPES, fmt, recurrence_problem, run_shape, solve_problem, time_best
+from _timing import machine, write_rows  # benchmarks/ is on sys.path when run as a script
+from bench_shapes import QUICK, SHAPES, data_rows, fmt, recurrence_problem, run_shape, solve_problem, time_best
 
 import tridiax
 from tridiax import _backend
@@ -168,25 +171,40 @@ def _mosaic_verdict(times):
             f"rows** (Triton time / Mosaic time: {ratios})."]
 
 
-def section_shapes(quick, peak, skip_lax):
+def section_shapes(quick, peak, skip_lax, dtype="float32", collected=None):
+    """The shape table in `dtype`; each shape's data rows (bench_shapes.data_rows) are added
+    to `collected`."""
     lines = ["| data | tridiax ms | GB/s | of peak | floor ms | tridiax / floor | fwd+grad / fwd "
              "| lax / tridiax | err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    itemsize = np.dtype(dtype).itemsize
     for label, shape, axis, op in SHAPES:
         shape = QUICK.get(shape, shape) if quick else shape
         try:
-            r = run_shape(label, shape, axis, op, "float32", skip_lax=skip_lax)
+            r = run_shape(label, shape, axis, op, dtype, skip_lax=skip_lax)
         except Exception as err:  # noqa: BLE001 - a report records failures and goes on
             lines.append(f"| {label} | failed: {type(err).__name__}: {str(err)[:120]} "
                          "| | | | | | | |")
             continue
+        if collected is not None:
+            collected.extend(data_rows(r))
         # Every input read once and the output written once: 4 + 1 arrays (solve), 2 + 1.
-        moved = (5 if op == "solve" else 3) * 4 * int(np.prod(shape))
+        moved = (5 if op == "solve" else 3) * itemsize * int(np.prod(shape))
         gbs = moved / (r.tridiax_ms * 1e-3) / 1e9
         lines.append(f"| {label} {'(quick: ' + str(shape) + ')' if quick else ''} | "
                      f"{r.tridiax_ms:.3f} | {gbs:.0f} | {fmt(gbs / peak * 100, '.0f')}{'%' * (peak == peak)} | "
                      f"{r.floor_ms:.3f} | {r.vs_floor:.2f}x | {r.grad_vs_fwd:.2f}x | "
                      f"{fmt(r.lax_ms / r.tridiax_ms, '.2f')}{'x' * (r.lax_ms == r.lax_ms)} | {r.error:.0e} |")
     return lines
+
+
+def data_file(device, platform: str) -> pathlib.Path | None:
+    """Where a GPU run's shape table goes: benchmarks/data/shapes_<gpu>.json (h100, h200, ...;
+    None on CPU, whose tables bench_shapes.py writes)."""
+    if platform not in ("cuda", "rocm"):
+        return None
+    kind = getattr(device, "device_kind", "")
+    name = next((k.lower() for k in PEAK_GBS if k in kind), "gpu")
+    return ROOT / "benchmarks" / "data" / f"shapes_{name}.json"
 
 
 def section_tiles(layouts, peak):
@@ -215,6 +233,10 @@ def main():
     parser.add_argument("--only", nargs="+", metavar="SECTION",
                         choices=["machine", "tests", "bandwidth", "shapes", "tiles"],
                         help="these sections alone")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
+                        help="dtypes of the shape table")
+    parser.add_argument("--json", help="the shape table as data (default on a GPU: "
+                        "benchmarks/data/shapes_<gpu>.json)")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     start = time.perf_counter()
@@ -227,18 +249,22 @@ def main():
     backends = device_backends(platform)
     report = [f"# tridiax GPU report ({time.strftime('%Y-%m-%d')})", ""]
     tests = ["tests"] if args.all_tests else TEST_FILES
+    collected: list[dict] = []
+    json_path = args.json or data_file(device, platform)
     log = out.with_name(out.name + ".pytest.log")
     sections = [
         ("machine", "Machine and backend choice", lambda: section_machine(platform)),
         ("tests", "Tests", lambda: section_tests(tests, args.workers, log)),
         ("bandwidth", f"Bandwidth per kind, float32 (peak {fmt(peak, '.0f')} GB/s)",
          lambda: section_bandwidth(platform, backends, layouts, "float32", peak)),
-        ("shapes", "Shapes, float32",
-         lambda: section_shapes(args.quick, peak, args.skip_lax or platform == "cpu")),
+        *((f"shapes {dtype}", f"Shapes, {dtype}",
+           functools.partial(section_shapes, args.quick, peak, args.skip_lax or platform == "cpu",
+                             dtype, collected)) for dtype in args.dtypes),
         ("tiles", "Pallas Triton tile sweep, plain solve, float32",
          lambda: section_tiles(layouts, peak)),
     ]
-    wanted = set(args.only or [name for name, _, _ in sections])
+    wanted = {name for name, _, _ in sections
+              if not args.only or name.split()[0] in args.only}
     wanted -= {"tests"} if args.skip_tests else set()
     wanted -= set() if "pallas_triton" in backends else {"tiles"}
     for name, title, build in sections:
@@ -249,7 +275,12 @@ def main():
         report += [f"## {title}", "", *body, "", f"({time.perf_counter() - t0:.0f} s)", ""]
         print("\n".join(report[-len(body) - 5:]), flush=True)
         out.write_text("\n".join(report) + "\n")  # what is done survives a run cut short
+        if name.startswith("shapes") and collected and json_path:
+            write_rows(json_path, collected, {"args": vars(args)})
     report.append(f"Total: {time.perf_counter() - start:.0f} s.")
+    if collected and json_path:
+        report.append(f"Shape table as data: {json_path}; beside the model: "
+                      f"python benchmarks/gpu_model.py --measured {json_path}")
     out.write_text("\n".join(report) + "\n")
     print(f"wrote {out} in {time.perf_counter() - start:.0f} s")
 

@@ -31,6 +31,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import pathlib
 import re
@@ -86,6 +87,8 @@ class KernelReport:
     operand_bytes: int = 0
     result_bytes: int = 0
     arrays: tuple = ()
+    # ... and each global load and store of its Triton IR as [tile dims..., itemsize].
+    accesses: tuple = ()
 
     @property
     def blocks(self) -> int:
@@ -179,7 +182,8 @@ def compile_reports(cases: Mapping[str, tuple[str | Callable, Sequence[Spec]]], 
 def case_report(result: dict) -> CaseReport:
     """A CaseReport from its JSON form (the worker's output, or stored data)."""
     kernels = tuple(KernelReport(**{**k, "grid": tuple(k["grid"]), "block": tuple(k["block"]),
-                                    "arrays": tuple(k.get("arrays", ()))})
+                                    "arrays": tuple(k.get("arrays", ())),
+                                    "accesses": tuple(map(tuple, k.get("accesses", ())))})
                     for k in result["kernels"])
     return CaseReport(kernels, result["compile_seconds"], result["error"],
                       tuple(result.get("library_calls", ())))
@@ -349,8 +353,10 @@ def _compile_case(case: dict, device, dump_dir: pathlib.Path) -> dict:
     kernels = parse_dump(dump_dir, log_file.read_text()) + mosaic
     for kernel in kernels:  # a Pallas Triton launch gets its block specs
         if kernel["origin"] == "pallas_triton":
-            kernel["arrays"] = triton.get((kernel["name"], kernel["operand_bytes"],
-                                           kernel["result_bytes"]), [])
+            stem = re.sub(r"__\d+$", "", kernel["name"])  # XLA numbers repeated kernels
+            record = triton.get((stem, kernel["operand_bytes"], kernel["result_bytes"]), {})
+            kernel["arrays"] = record.get("arrays", [])
+            kernel["accesses"] = record.get("accesses", [])
     return {"kernels": kernels, "compile_seconds": seconds, "error": None,
             "library_calls": parse_library_calls(dump_dir)}
 
@@ -375,8 +381,13 @@ def _triton_block_specs():
         yield records
         return
     rule, platform = saved
+    to_triton = pallas_call_registration.lowering.lower_jaxpr_to_triton_module
+    modules: list[str] = []
 
-    import numpy as np
+    def keeping_module(*args, **kwargs):
+        result = to_triton(*args, **kwargs)
+        modules.append(result.module.operation.get_asm())
+        return result
 
     def recording(ctx, *in_nodes, jaxpr, grid_mapping, **params):
         arrays = []
@@ -387,18 +398,34 @@ def _triton_block_specs():
             arrays.append({"shape": list(aval.shape), "block": block,
                            "itemsize": aval.dtype.itemsize,
                            "output": k >= grid_mapping.num_inputs})
-        sizes = [int(np.prod(a["shape"])) * a["itemsize"] for a in arrays]
+        sizes = [math.prod(a["shape"]) * a["itemsize"] for a in arrays]
         key = (mlir.sanitize_name(jaxpr.debug_info.func_name),
                sum(sz for sz, a in zip(sizes, arrays) if not a["output"]),
                sum(sz for sz, a in zip(sizes, arrays) if a["output"]))
-        records[key] = arrays
-        return rule(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping, **params)
+        modules.clear()
+        lowered = rule(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping, **params)
+        records[key] = {"arrays": arrays, "accesses": [a for m in modules for a in triton_accesses(m)]}
+        return lowered
 
     rules[triton_core.CompilerParams] = (recording, platform)
+    pallas_call_registration.lowering.lower_jaxpr_to_triton_module = keeping_module
     try:
         yield records
     finally:
         rules[triton_core.CompilerParams] = saved
+        pallas_call_registration.lowering.lower_jaxpr_to_triton_module = to_triton
+
+
+_TRITON_ACCESS = re.compile(r"\btt\.(?P<op>load|store) [^\n]*?: tensor<(?P<dims>[\dx]+)x!tt\.ptr<(?P<type>\w+)>>")
+_TRITON_ITEMSIZE = {"i1": 1, "i8": 1, "i16": 2, "f16": 2, "bf16": 2, "i32": 4, "f32": 4, "i64": 8,
+                    "f64": 8}
+
+
+def triton_accesses(asm: str) -> list[list[int]]:
+    """Each global load and store of a Triton module as [its tile's dims..., itemsize]: the
+    last dim is the run of contiguous values it moves (Pallas's refs are row-major)."""
+    return [[*map(int, m["dims"].split("x")), _TRITON_ITEMSIZE.get(m["type"], 4)]
+            for m in _TRITON_ACCESS.finditer(asm)]
 
 
 @contextlib.contextmanager

@@ -76,11 +76,14 @@ def test_dump_gives_each_launch_with_its_origin(tmp_path):
 @pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 def test_solve_compiles_for_h100():
     kernels = compile_report("tridiax:lambda *a: solve_tridiagonal(*a, axis=-1)", *[((1000, 100), "float32")] * 4)
-    # Batch-first systems are moved to columns: XLA's tiled transposes (through shared
-    # memory) of the four operands and of x around the one Triton kernel.
-    (kernel,) = [k for k in kernels if k.origin == "pallas_triton"]
-    transposes = [k for k in kernels if "transpose" in k.name]
-    assert len(transposes) == 5 and all(k.shared_memory_bytes > 0 for k in transposes), kernels
-    assert (kernel.name, kernel.origin, kernel.arch) == ("tridiax_thomas", "pallas_triton", "sm_90a")
+    # Batch-first systems are read in place by tiles of rows: one Triton kernel, no transposes.
+    (kernel,) = kernels
+    assert (kernel.name, kernel.origin, kernel.arch) == ("tridiax_thomas_rows", "pallas_triton", "sm_90a")
     assert kernel.registers and kernel.spill_store_bytes == kernel.spill_load_bytes == 0
-    assert kernel.threads_per_block >= 32 and kernel.blocks >= 1
+    assert kernel.threads_per_block >= 32 and kernel.blocks == 1000 // 32 + 1
+    # What the cost model reads: 4 operands and 2 results (x, c') of 1000 x 100 float32, their
+    # (1000, 100, 1) arrays in blocks of 32 systems, and the (32, 16, 1) tiles of its IR.
+    assert (kernel.operand_bytes, kernel.result_bytes) == (4 * 400_000, 2 * 400_000)
+    assert [a["output"] for a in kernel.arrays] == [False] * 4 + [True] * 2
+    assert all(a["shape"] == [1000, 100, 1] and a["block"] == [32, 100, 1] for a in kernel.arrays)
+    assert kernel.accesses and set(kernel.accesses) <= {(32, 16, 1, 4), (32, 1, 1, 4)}

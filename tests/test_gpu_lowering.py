@@ -39,6 +39,8 @@ ENTRY_POINTS = {
     "plain last axis": (lambda *a: tridiax.solve_tridiagonal(*a, axis=-1), (1000, 100)),
     "middle axis": (lambda *a: tridiax.solve_tridiagonal(*a, axis=1), (3, 100, 7)),
     "grad": (_grad_all, (100, 1000)),
+    "grad last axis": (jax.grad(lambda *a: jnp.sum(tridiax.solve_tridiagonal(*a) ** 2),
+                                argnums=(0, 1, 2, 3)), (1000, 100)),
     "jvp": (lambda *a: jax.jvp(_solve0, a, a)[1], (100, 1000)),
     "vmap in_axes=1": (jax.vmap(_solve0, in_axes=1, out_axes=1), (100, 7, 1000)),
     "vmap in_axes=0": (jax.vmap(_solve0, in_axes=0, out_axes=0), (8, 100, 1000)),
@@ -83,13 +85,22 @@ RECURRENCE_ENTRY_POINTS = {
 # Entry points whose systems (sequences) have rows narrower than a 32-byte memory sector in
 # float32: batch-first data, and 7 columns of 4 bytes. The GPU kernels read them moved to
 # columns (one XLA transpose per operand and one back); the others in place, untransposed.
-NARROW = {"plain last axis", "middle axis", "periodic grad", "periodic pivoted grad",
-          "pivoted last axis", "linear last axis reverse", "periodic factored solve"}
+NARROW = {"middle axis", "periodic grad", "periodic pivoted grad",
+          "pivoted last axis", "periodic factored solve"}
+# Plain solves and recurrences of batch-first data: read in place by tiles of each system's
+# consecutive rows (`_kernels/_pallas_rows.py`), no transposes.
+ROW_TILES = {"plain last axis", "grad last axis", "linear last axis reverse"}
 
 
 def _check_layout(name, lowered, kernels, dtype):
     text = lowered.as_text()
     narrow = name in NARROW and not (name == "middle axis" and jnp.dtype(dtype).itemsize == 8)
+    if name in ROW_TILES:
+        assert "stablehlo.transpose" not in text
+        for ir in kernels:  # (systems, rows) tiles, and single rows beyond a tile (transposed)
+            shapes = re.findall(r"tt\.load [^\n]*: tensor<(\d+)x(\d+)x", ir)
+            assert shapes and max(int(k) for _, k in shapes) > 1, shapes
+        return
     if not narrow:
         assert "stablehlo.transpose" not in text
         return
@@ -124,7 +135,7 @@ def test_cuda_lowering_uses_triton_in_the_coalesced_layout(name, dtype):
     _check_layout(name, lowered, kernels, dtype)
     # Kernels: the solve, its adjoint (gradients and JVPs), the factorization (factored solves;
     # a periodic one also solves for its correction).
-    expected = {"grad": 2, "jvp": 2, "vmap of vjp": 2, "periodic grad": 2, "pivoted grad": 2,
+    expected = {"grad": 2, "grad last axis": 2, "jvp": 2, "vmap of vjp": 2, "periodic grad": 2, "pivoted grad": 2,
                 "periodic pivoted grad": 2, "factored solve": 2, "factored grad": 3,
                 "periodic factored solve": 3}.get(name, 1)
     assert len(kernels) == expected

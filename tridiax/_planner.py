@@ -321,18 +321,29 @@ def gpu_library(P: int, N: int, Q: int, *, kind: str, platform: str, backend, ch
             and block is None and P * Q <= GPU_LIBRARY_SYSTEMS and N >= GPU_MIN_ROWS)
 
 
-def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None) -> bool:
+def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None, kind: str | None = None,
+                N: int = 2) -> bool:
     """Whether the Pallas GPU kernels solve (P, N, Q) systems moved to columns, (1, N, P*Q),
     by XLA transposes (`_layout.to_columns`): where a row of Q values is narrower than a memory
     sector, so that reading a tile's row row by row would fetch a sector per system. On an
     H100 (jax 0.11.2, float32) the Triton solve of (B, N) = (67 584, 1 000) along the last
     axis took 14.1 ms read in place against 1.61 ms in the (N, B) layout, and the transposes
     of its five arrays about 1.15 ms (the Mosaic GPU periodic solve, which moves them: 4.07
-    against 2.92 ms). A tile the user gives (`block`) is kept in their layout; interpret mode
-    ("pallas_interpret") follows the Triton kernels' plan, so that CPU tests run it."""
+    against 2.92 ms). Plain solves and linear recurrences of contiguous rows (Q = 1) are read
+    in place by tiles of rows instead (`_kernels/_pallas_rows.py`): `kind` is the solve's
+    kernel kind, "recurrence", or None (factorizations), and `N` the rows (steps). A tile
+    the user gives (`block`) is kept in their layout; interpret mode ("pallas_interpret")
+    follows the Triton kernels' plan, so that CPU tests run it."""
     if backend not in ("pallas_triton", "pallas_interpret") or block is not None or P == 1:
         return False
-    return Q * jnp.dtype(compute_dtype(dtype)).itemsize < GPU_SECTOR_BYTES
+    from ._kernels import _pallas_rows
+
+    cdt = compute_dtype(dtype)
+    if kind == "recurrence" and _pallas_rows.recurrence_applies(P, N, Q, cdt):
+        return False
+    if kind is not None and _pallas_rows.applies(P, N, Q, cdt, kind=kind):
+        return False
+    return Q * jnp.dtype(cdt).itemsize < GPU_SECTOR_BYTES
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ def _lowering(platform: str):
                 x = _cusparse.solve_pnq(*views, transposed=transposed,
                                         out_dtype=operands[3].dtype)
                 return x.reshape(shape)
-            move = _planner.gpu_columns(P, Q, dtype, backend=backend, block=block)
+            move = _planner.gpu_columns(P, Q, dtype, backend=backend, block=block,
+                                        kind=kind, N=N)
             views, P, Q, back = _layout.columns_if(move, views, P, Q)
             reduced = kind if kind in ("periodic", "pivoted") else "thomas"
             x = _chunked.solve_any(

@@ -80,7 +80,8 @@ def _lowering(platform: str):
             a, x, *states = (_layout.to_pnq(v, axis, shape) for v in (a, x, *states))
             h0 = _layout.to_pnq(h0, axis, state)
             P, T, Q = _layout.broadcast_shape(a, x, *states)
-            move = _planner.gpu_columns(P, Q, x.dtype, backend=backend)
+            move = _planner.gpu_columns(P, Q, x.dtype, backend=backend, kind="recurrence",
+                                        N=T)
             (a, x, h0, *states), P, Q, back = _layout.columns_if(move, (a, x, h0, *states), P, Q)
             gated = None
             if states and in_kernel:

@@ -14,6 +14,7 @@ from jax import lax
 
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
+from . import _pallas_rows
 from ._pallas_tiles import TileRows, launch
 from ._split_complex import select
 
@@ -45,8 +46,15 @@ def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, reverse, shifted, acti
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
                    out_dtype, interpret: bool = False, tiles=None, compiler_params=None):
-    """Run along axis 1 of (P|1, T|1, Q|1) operands; see `_xla_recurrence.recurrence_pnq`."""
-    T = broadcast_shape(a, x, h0)[1]  # h0 has T = 1
+    """Run along axis 1 of (P|1, T|1, Q|1) operands; see `_xla_recurrence.recurrence_pnq`.
+    Real sequences of contiguous steps (Q = 1), or of 64 features and more, with no tile given,
+    go by tiles of steps (`_pallas_rows.py`)."""
+    P, T, Q = broadcast_shape(a, x, h0)  # h0 has T = 1
+    if tiles is None and _pallas_rows.recurrence_applies(P, T, Q, compute_dtype(out_dtype)):
+        return _pallas_rows.recurrence_pnq(a, x, h0, reverse=reverse, shifted=shifted,
+                                           activation=activation, final_only=final_only,
+                                           out_dtype=out_dtype, interpret=interpret,
+                                           compiler_params=compiler_params)
     kernel = functools.partial(_recurrence_kernel, T=T, reverse=reverse, shifted=shifted,
                                activation=activation, final_only=final_only)
     rows = 1 if final_only else T

@@ -40,6 +40,7 @@ from jax import lax
 
 from .._dtypes import compute_dtype
 from .._layout import broadcast_shape
+from . import _pallas_rows
 from ._pallas_tiles import TileRows, launch
 from ._split_complex import SplitComplex, modulus, select, zeros_like
 from ._xla_thomas import pivot_step
@@ -268,8 +269,13 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
               interpret: bool = False, tiles=None, compiler_params=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands with the Pallas kernel; returns (P, N, Q).
 
-    `kind`: "thomas", "factored", "periodic" or "pivoted" (see the module docstring)."""
-    N = broadcast_shape(l, d, u, b)[1]
+    `kind`: "thomas", "factored", "periodic" or "pivoted" (see the module docstring). Plain
+    systems with contiguous rows (Q = 1) and no tile given go by tiles of rows
+    (`_pallas_rows.py`)."""
+    P, N, Q = broadcast_shape(l, d, u, b)
+    if tiles is None and _pallas_rows.applies(P, N, Q, out_dtype, kind=kind):
+        return _pallas_rows.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
+                                      interpret=interpret, compiler_params=compiler_params)
     cdt = compute_dtype(out_dtype)
     outs = [(N, out_dtype)] + [(N, cdt)] * _WORK_OUTPUTS[kind]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
