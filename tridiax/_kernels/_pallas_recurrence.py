@@ -54,7 +54,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
         return _pallas_rows.recurrence_pnq(a, x, h0, reverse=reverse, shifted=shifted,
                                            activation=activation, final_only=final_only,
                                            out_dtype=out_dtype, interpret=interpret,
-                                           compiler_params=compiler_params)
+                                           compiler_params=compiler_params,
+                                           rows=_pallas_rows.INTERPRET_ROWS if interpret else None)
     kernel = functools.partial(_recurrence_kernel, T=T, reverse=reverse, shifted=shifted,
                                activation=activation, final_only=final_only)
     rows = 1 if final_only else T

@@ -47,6 +47,11 @@ P_SYSTEMS = 32
 Q_SYSTEMS = 64  # the row kernels' tile along Q
 Q_ROWS = 4
 WARPS = 4
+# Rows of a tile when the kernels run in interpret mode through the public functions (the
+# tests): the k rows of a tile are written out, and XLA on CPU compiled the batch-first solve
+# with 16 of them in 2.5 s against 0.4 s for the row kernel. The logic is the same for every
+# k; tests/test_pallas_rows.py runs the compiled tiles' k directly.
+INTERPRET_ROWS = 4
 
 
 def orientation(P: int, N: int, Q: int, dtype) -> str | None:
@@ -66,10 +71,11 @@ def applies(P: int, N: int, Q: int, dtype, *, kind: str) -> bool:
     return kind == "thomas" and orientation(P, N, Q, dtype) is not None
 
 
-def _rows_per_tile(n: int, dtype, along: str) -> int:
-    """Rows of a tile: ROW_BYTES of the compute dtype ("p"), Q_ROWS ("q"), at most the
-    largest power of two not above n (Triton tiles are powers of two)."""
+def _rows_per_tile(n: int, dtype, along: str, rows: int | None = None) -> int:
+    """Rows of a tile: ROW_BYTES of the compute dtype ("p"), Q_ROWS ("q"), at most `rows` and
+    the largest power of two not above n (Triton tiles are powers of two)."""
     most = ROW_BYTES // jnp.dtype(dtype).itemsize if along == "p" else Q_ROWS
+    most = min(most, rows or most)
     k = 1
     while 2 * k <= min(n, most):
         k *= 2
@@ -236,15 +242,16 @@ def _thomas_kernel(l_ref, d_ref, u_ref, b_ref, x_ref, c_ref, *extra, n, k, along
 
 
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret: bool = False,
-              compiler_params=None):
-    """The plain solve of (P|1, N|1, Q|1) operands along axis 1 (`applies`); returns (P, N, Q)."""
+              compiler_params=None, rows: int | None = None):
+    """The plain solve of (P|1, N|1, Q|1) operands along axis 1 (`applies`); returns (P, N, Q).
+    `rows`: at most this many rows a tile (None: the compiled kernels' choice)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     cdt = compute_dtype(out_dtype)
     along = orientation(P, N, Q, cdt)
     outs = [(N, out_dtype), (N, cdt)]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
         outs.append((N, cdt))
-    kernel = functools.partial(_thomas_kernel, n=N, k=_rows_per_tile(N, cdt, along),
+    kernel = functools.partial(_thomas_kernel, n=N, k=_rows_per_tile(N, cdt, along, rows),
                                along=along, transposed=transposed, compiled=not interpret)
     return launch(kernel, (l, d, u, b), outs, name="tridiax_thomas_rows", interpret=interpret,
                   tiles=_tiles(P, Q, along), compiler_params=compiler_params)[0]
@@ -289,12 +296,14 @@ def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, k, along, reverse, shi
 
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
-                   out_dtype, interpret: bool = False, compiler_params=None):
-    """`_pallas_recurrence.recurrence_pnq` by tiles of rows (`recurrence_applies`)."""
+                   out_dtype, interpret: bool = False, compiler_params=None,
+                   rows: int | None = None):
+    """`_pallas_recurrence.recurrence_pnq` by tiles of rows (`recurrence_applies`); `rows` as
+    for `solve_pnq`."""
     P, T, Q = broadcast_shape(a, x, h0)
     cdt = compute_dtype(out_dtype)
     along = orientation(P, T, Q, cdt)
-    kernel = functools.partial(_recurrence_kernel, T=T, k=_rows_per_tile(T, cdt, along),
+    kernel = functools.partial(_recurrence_kernel, T=T, k=_rows_per_tile(T, cdt, along, rows),
                                along=along, reverse=reverse, shifted=shifted,
                                activation=activation, final_only=final_only)
     return launch(kernel, (a, x, h0), [(1 if final_only else T, out_dtype)],

@@ -275,7 +275,8 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
     P, N, Q = broadcast_shape(l, d, u, b)
     if tiles is None and _pallas_rows.applies(P, N, Q, out_dtype, kind=kind):
         return _pallas_rows.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
-                                      interpret=interpret, compiler_params=compiler_params)
+                                      interpret=interpret, compiler_params=compiler_params,
+                                      rows=_pallas_rows.INTERPRET_ROWS if interpret else None)
     cdt = compute_dtype(out_dtype)
     outs = [(N, out_dtype)] + [(N, cdt)] * _WORK_OUTPUTS[kind]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
