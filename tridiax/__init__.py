@@ -14,24 +14,24 @@ How `axis` and shapes are read, for all of them: docs/guides/tridiagonal.md, "Sh
 import importlib
 
 from . import verify as verify
-from ._banded import solve_banded as solve_banded
-from ._banded import solveh_banded as solveh_banded
-from ._banded_operator import Banded as Banded
-from ._banded_operator import BandedFactorization as BandedFactorization
-from ._block import solve_block_tridiagonal as solve_block_tridiagonal
-from ._block import solveh_block_tridiagonal as solveh_block_tridiagonal
-from ._block_operator import BlockTridiagonal as BlockTridiagonal
-from ._block_operator import BlockTridiagonalFactorization as BlockTridiagonalFactorization
-from ._check import BreakdownError as BreakdownError
-from ._factorization import TridiagonalFactorization as TridiagonalFactorization
-from ._modules import IndRNN as IndRNN
-from ._modules import LinearRecurrence as LinearRecurrence
-from ._operator import TDMA as TDMA
-from ._operator import Tridiagonal as Tridiagonal
-from ._recurrence import indrnn as indrnn
-from ._recurrence import linear_recurrence as linear_recurrence
-from ._solve import solve_periodic_tridiagonal as solve_periodic_tridiagonal
-from ._solve import solve_tridiagonal as solve_tridiagonal
+from ._banded.api import solve_banded as solve_banded
+from ._banded.api import solveh_banded as solveh_banded
+from ._banded.operator import Banded as Banded
+from ._banded.operator import BandedFactorization as BandedFactorization
+from ._block.api import solve_block_tridiagonal as solve_block_tridiagonal
+from ._block.api import solveh_block_tridiagonal as solveh_block_tridiagonal
+from ._block.operator import BlockTridiagonal as BlockTridiagonal
+from ._block.operator import BlockTridiagonalFactorization as BlockTridiagonalFactorization
+from ._core.check import BreakdownError as BreakdownError
+from ._recurrence.api import indrnn as indrnn
+from ._recurrence.api import linear_recurrence as linear_recurrence
+from ._recurrence.modules import IndRNN as IndRNN
+from ._recurrence.modules import LinearRecurrence as LinearRecurrence
+from ._tridiagonal.api import solve_periodic_tridiagonal as solve_periodic_tridiagonal
+from ._tridiagonal.api import solve_tridiagonal as solve_tridiagonal
+from ._tridiagonal.factorization import TridiagonalFactorization as TridiagonalFactorization
+from ._tridiagonal.operator import TDMA as TDMA
+from ._tridiagonal.operator import Tridiagonal as Tridiagonal
 from ._version import version as _version
 
 __version__ = _version()

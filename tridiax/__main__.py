@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import __version__, solve_tridiagonal, verify
-from ._backend import default_backend, device_platform
-from ._timing import best_time
+from ._core.backend import default_backend, device_platform
+from ._core.timing import best_time
 
 
 def main(argv=None) -> int:

@@ -18,8 +18,10 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import __version__, _backend, _planner
-from ._kernels import _native
+from . import __version__
+from ._core import backend as _backend
+from ._core import planner as _planner
+from ._native import library as _native
 
 DTYPES = ("float32", "float64", "complex64", "complex128")
 

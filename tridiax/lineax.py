@@ -60,10 +60,11 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "(or install tridiax with the extra: pip install \".[lineax]\")."
     ) from err
 
-from . import _backend, _bands
-from ._banded import solve_banded
-from ._block import solve_block_tridiagonal
-from ._solve import solve
+from ._banded.api import solve_banded
+from ._block.api import solve_block_tridiagonal
+from ._core import backend as _backend
+from ._core import band_algebra as _bands
+from ._tridiagonal.api import solve
 
 __all__ = ["Banded", "BlockTDMA", "BlockTridiagonalLinearOperator", "TDMA"]
 
@@ -333,7 +334,7 @@ class BlockTridiagonalLinearOperator(lx.AbstractLinearOperator):
                                    axis=0).reshape(n * k)
 
     def as_matrix(self):
-        from ._block_operator import BlockTridiagonal
+        from ._block.operator import BlockTridiagonal
 
         return BlockTridiagonal(*self._blocks(), axis=0).as_matrix()
 

@@ -1,0 +1,314 @@
+"""Which implementation runs where: the one place that chooses a backend.
+
+| name               | what runs                                            | runs on                     |
+|--------------------|------------------------------------------------------|-----------------------------|
+| "native"           | C++ kernels `_native/*.cc` (XLA FFI)                 | CPU with a C++ compiler     |
+|                    |                                                      | (recurrences: identity,     |
+|                    |                                                      | relu and tanh activations)  |
+| "pallas_triton"    | Pallas kernels `<family>/pallas_triton.py`, Triton   | CUDA and ROCm GPUs, while   |
+|                    |                                                      | JAX has the Triton backend  |
+| "xla"              | fori_loop formulations `<family>/xla.py`             | everywhere                  |
+| "mosaic_gpu"       | Pallas Mosaic GPU kernels `_pallas/mosaic_gpu.py`    | NVIDIA Hopper (sm_90+),     |
+|                    | (every kind and recurrence, real 16/32-bit)          | when asked for: not yet     |
+|                    |                                                      | measured against Triton     |
+| "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
+
+The Mosaic GPU kernels are tested on CPU by calling them in JAX's Mosaic GPU interpreter
+(`_pallas/mosaic_gpu.py`, `interpret=`); that interpreter's callbacks cannot run inside a
+primitive's lowering, so it is not a backend of the public functions.
+
+Each platform tries its backends in order (`PREFERENCE`) and takes the first that can run
+the call (`unavailable` says why one cannot: the dtype, the activation, this JAX, the build),
+so a JAX without the Triton backend, or a machine without a compiler, falls through to the
+next instead of failing. All of them run the same algorithms with the same conventions and
+agree to rounding. A user's `backend=` override is checked the same way and refused with the
+reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import jax_private as _jax_private
+from . import planner as _planner
+
+BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret", "mosaic_gpu")
+
+# Backends each platform tries, best first; "xla" runs everything, everywhere. "mosaic_gpu"
+# joins the CUDA list once a GPU has measured it at least as fast as Triton (run
+# benchmarks/gpu_report.py); until then it runs when asked for.
+PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cpu": ("native", "xla"),
+    "cuda": ("pallas_triton", "xla"),
+    "rocm": ("pallas_triton", "xla"),
+}
+GPU_PLATFORMS = ("cuda", "rocm")
+
+
+def device_platform(device) -> str:
+    """The platform name lowerings are registered under ("cpu", "cuda", "rocm", "tpu") for a
+    jax Device. `device.platform` says "gpu" for CUDA and ROCm devices alike; the device's
+    client says which."""
+    if device.platform != "gpu":
+        return device.platform
+    client = getattr(device, "client", None)
+    name = getattr(client, "platform", "")
+    if name in GPU_PLATFORMS:
+        return name
+    return "rocm" if "rocm" in str(getattr(client, "platform_version", "")).lower() else "cuda"
+
+
+def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "thomas",
+                activation=None) -> str | None:
+    """Why `backend` cannot run this call on `platform` (None: it can; platform None: any).
+
+    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN)."""
+    if backend not in BACKENDS:
+        return f"unknown backend {backend!r}; choose one of {BACKENDS}"
+    if backend == "native":
+        from .._native import library as _native
+
+        if platform not in (None, "cpu"):
+            return "the native kernels run on CPU"
+        if op == "recurrence" and not _native.supports_recurrence(activation, dtype):
+            return ("the native recurrence runs identity, relu and tanh (real dtypes), not "
+                    f"{activation!r}")
+        if not _native.available():
+            return "the native CPU kernel could not be built (python -m tridiax --info says why)"
+    if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
+            and activation is not None):
+        # Complex values are split into real and imaginary parts inside the kernels
+        # (`_core/split_complex.py`), which a user's activation cannot take.
+        return f"the Pallas kernels run {jnp.dtype(dtype)} recurrences without an activation"
+    if backend == "pallas_triton":
+        if platform not in (None, *GPU_PLATFORMS):
+            return "Triton runs on CUDA and ROCm GPUs"
+        if _jax_private.pallas_triton() is None:
+            return f"jax {jax.__version__} has no Pallas Triton backend"
+        if platform == "cuda" and (capability := _cuda_capability()) is not None \
+                and capability < 8.0:
+            return f"Pallas Triton needs sm_80 or later; this GPU is sm_{capability:.1f}"
+    if backend == "mosaic_gpu":
+        if platform not in (None, "cuda"):
+            return "Mosaic GPU runs on NVIDIA GPUs (Hopper and later)"
+        if (capability := _cuda_capability()) is not None and capability < 9.0:
+            return f"Mosaic GPU needs Hopper (sm_90) or later; this GPU is sm_{capability:.1f}"
+        if _jax_private.pallas_mosaic_gpu() is None:
+            return f"jax {jax.__version__} has no Pallas Mosaic GPU backend (or absl-py is missing)"
+        if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize > 4:
+            return f"Mosaic GPU has no {jnp.dtype(dtype)}"
+    return None
+
+
+@functools.cache
+def _cuda_capability() -> float | None:
+    """The compute capability of this process's first CUDA device (None: none, or unknown)."""
+    try:
+        return float(jax.devices("cuda")[0].compute_capability)
+    except (RuntimeError, ValueError, AttributeError, IndexError, TypeError):
+        return None
+
+
+def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas") -> str:
+    """The first backend of `platform`'s PREFERENCE that can run this call."""
+    for backend in PREFERENCE.get(platform, ()):
+        if unavailable(backend, dtype, platform=platform, op=op, activation=activation) is None:
+            return backend
+    return "xla"
+
+
+# Largest block size the Pallas Triton block kernel takes by default (real, complex): its
+# k x k blocks live in registers, and an H100 compile (tests/test_block_pallas.py) spills
+# from k = 8 on (k = 8 complex64: KB of spills and minutes of ptxas); larger k run XLA's loop.
+PALLAS_BLOCK_LIMIT = (6, 4)
+
+
+def default_block_backend(platform: str, dtype, k: int) -> str:
+    """`default_backend` for a block-tridiagonal solve with k x k blocks."""
+    backend = default_backend(platform, dtype)
+    complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
+    if backend == "pallas_triton" and k > PALLAS_BLOCK_LIMIT[complex_]:
+        return "xla"
+    return backend
+
+
+def check_block(block) -> tuple[int, int] | None:
+    """`block` as a (bp, bq) pair of powers of two, or None; ValueError otherwise."""
+    if block is None:
+        return None
+    try:
+        bp, bq = (int(b) for b in block)
+    except (TypeError, ValueError):
+        raise ValueError(f"block must be None or a pair (bp, bq) of ints, got {block!r}.") from None
+    for b in (bp, bq):
+        if b < 1 or b & (b - 1):
+            raise ValueError(f"block sizes must be powers of two (Triton tiles), got {block!r}.")
+    return bp, bq
+
+
+def check_chunk(chunk, kind: str | None = None) -> int | None:
+    """`chunk` (rows per chunk of a long system: None lets the planner decide, 0 never
+    chunks) as an int or None; ValueError otherwise, and for a kind that is never chunked."""
+    if chunk is None:
+        return None
+    if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 0 or chunk == 1:
+        raise ValueError(f"chunk must be None, 0 or an int >= 2 (rows per chunk), got {chunk!r}.")
+    if chunk and kind is not None and kind not in (*_planner.CHUNKED_KINDS, "periodic_pivoted"):
+        raise ValueError(
+            "chunk applies to solves from the bands: factored solves sweep each system whole "
+            f"(got chunk={chunk!r} for a {kind} solve); pass chunk=None.")
+    return int(chunk)
+
+
+def check_solver_settings(backend: str | None, block, **flags: bool) -> None:
+    """The checks of a solver module's static settings (tridiax.TDMA, tridiax.lineax.TDMA):
+    backend, block, and flags such as pivoting=..., check=... that must be booleans."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
+    check_block(block)
+    check_flags(**flags)
+
+
+def check_flags(**flags) -> None:
+    """Raise TypeError for a setting such as pivoting=... that is not a boolean."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool | np.bool_):
+            raise TypeError(f"{name} must be True or False, got {flag!r}.")
+
+
+def check_backend(backend: str | None, dtype, *, activation=None) -> None:
+    """Raise ValueError, with the reason, for a backend override that cannot run this dtype
+    (or activation) on this JAX and machine."""
+    if backend is None:
+        return
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
+    op = "thomas" if activation is None else "recurrence"
+    reason = unavailable(backend, dtype, op=op, activation=activation)
+    if reason is not None:
+        raise ValueError(f"backend={backend!r} cannot run this call: {reason}; use 'xla' "
+                         "(runs everything) or None (the best available).")
+
+
+def _triton_params(tiles):
+    # jax >= 0.10 picks Mosaic GPU for Pallas on GPU unless Triton's CompilerParams are passed
+    # explicitly.
+    return _jax_private.pallas_triton().CompilerParams(num_warps=tiles.num_warps, num_stages=1)
+
+
+class Kernels(NamedTuple):
+    """A backend's kernels over (P|1, N|1, Q|1) operands (None where it has none):
+
+    - `solve(l, d, u, b, *, transposed, out_dtype, kind, tiling)`: the tridiagonal kinds;
+    - `chunk_ends`, `chunk_solve`: the partition method's sweeps (`_long_systems/chunked.py`);
+    - `factor(l, d, u, *, out_dtype, tiling)`: the factors of A = L D V;
+    - `recurrence(a, x, h0, *, reverse, shifted, activation, final_only, out_dtype, tiling,
+      chunk=0, gate=None)` and `recurrence_ends`: recurrences and their chunked sweep.
+
+    `tiling` is the planner's tile choice (`_planner.Plan.tiling`)."""
+
+    solve: Callable
+    chunk_ends: Callable | None
+    chunk_solve: Callable | None
+    factor: Callable
+    recurrence: Callable
+    recurrence_ends: Callable | None
+
+
+def _ignoring_tiling(fn):
+    """`fn` (a kernel that tiles for itself) called with the planner's `tiling` dropped. Chunked
+    and gated runs reach it only through `_composed_chunks`, which splits them or refuses."""
+
+    def call(*args, tiling=None, **kwargs):
+        del tiling
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def kernels(backend: str) -> Kernels:
+    """The kernels of `backend` (see BACKENDS)."""
+    from .._long_systems import composed_chunks as _composed_chunks
+    from .._native import library as _native
+    from .._pallas import tiles as _pallas_tiles
+    from .._recurrence import pallas_triton as _pallas_recurrence
+    from .._recurrence import xla as _xla_recurrence
+    from .._tridiagonal import pallas_triton as _pallas_thomas
+    from .._tridiagonal import xla as _xla_thomas
+
+    if backend == "native":
+        return Kernels(_native.solve_pnq, _native.chunk_ends_pnq, _native.chunk_solve_pnq,
+                       _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq)
+    def composed(solve, recurrence, factor, *, stack=True):
+        # The chunk sweeps composed from the plain kernels (`_long_systems/composed_chunks.py`).
+        chunks = _composed_chunks.composed(solve, recurrence, stack=stack)
+        return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"], factor,
+                       chunks["recurrence"], chunks["recurrence_ends"])
+
+    if backend == "xla":
+        return composed(_ignoring_tiling(_xla_thomas.solve_pnq),
+                        _ignoring_tiling(_xla_recurrence.recurrence_pnq),
+                        _ignoring_tiling(_xla_thomas.factor_pnq))
+    if backend == "mosaic_gpu":
+        from .._pallas import mosaic_gpu as _mosaic_gpu
+
+        return composed(_ignoring_tiling(_mosaic_gpu.solve_pnq),
+                        _ignoring_tiling(_mosaic_gpu.recurrence_pnq),
+                        _ignoring_tiling(_mosaic_gpu.factor_pnq))
+    if backend not in ("pallas_interpret", "pallas_triton"):
+        raise ValueError(f"unknown backend {backend!r}")
+    options = ({"interpret": True} if backend == "pallas_interpret"
+               else {"compiler_params": _triton_params})
+
+    def pallas(fn):
+        def call(*args, tiling=None, **kwargs):
+            tiles = {} if tiling is None else {"tiles": _pallas_tiles.Tiles.of_block(*tiling)}
+            return fn(*args, **options, **tiles, **kwargs)
+
+        return call
+
+    return composed(pallas(_pallas_thomas.solve_pnq), pallas(_pallas_recurrence.recurrence_pnq),
+                    pallas(_pallas_thomas.factor_pnq), stack=backend != "pallas_triton")
+
+
+def banded_kernel(backend: str) -> Callable:
+    """`backend`'s banded solve over ((l + u + 1), P|1, N|1, Q|1) bands and a (P, N, Q)
+    right-hand side: `kernel(ab, b, *, l, u, kind, transposed, out_dtype)`
+    (`_banded/xla.py` states the algorithm every backend runs). Mosaic GPU has no
+    banded kernel and runs XLA's."""
+    return _family_kernel(backend, "_banded", native="banded_pnq")
+
+
+def block_kernel(backend: str) -> Callable:
+    """`backend`'s block-tridiagonal solve over (P|1, N|1, Q|1, k, k) blocks and a (P, N, Q,
+    k, m) right-hand side: `kernel(lower, diag, upper, b, *, kind, transposed, out_dtype)`
+    (`_block/xla.py` states the algorithm every backend runs). Mosaic GPU has no
+    block kernel and runs XLA's."""
+    return _family_kernel(backend, "_block", native="block_pnq")
+
+
+def _family_kernel(backend: str, family: str, *, native: str) -> Callable:
+    """The solve of a family with one kernel per backend: `_native/library.<native>`,
+    `<family>/pallas_triton.solve_pnq` (Triton, or interpreted) and `<family>/xla.solve_pnq`."""
+    import importlib
+
+    def module(name):
+        return importlib.import_module(f"..{family}.{name}", __package__)
+
+    if backend == "native":
+        from .._native import library
+
+        return getattr(library, native)
+    if backend in ("pallas_triton", "pallas_interpret"):
+        options = ({"interpret": True} if backend == "pallas_interpret"
+                   else {"compiler_params": _triton_params})
+        return functools.partial(module("pallas_triton").solve_pnq, **options)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}")
+    return module("xla").solve_pnq

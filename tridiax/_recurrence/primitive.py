@@ -1,0 +1,306 @@
+"""`recurrence_p`: h[t] = act(a[t]*h[t-1] + x[t]) along an axis, as a JAX primitive.
+
+Operands `a`, `x`, `h0` share one rank and broadcast together; `h0` has size 1 along `axis`.
+Params: `axis`, `reverse` (run from the end: h[t] = act(a[t]*h[t+1] + x[t])), `shifted` (the
+state is multiplied by `a` at the previous step's index, zero at the first step: what the
+transpose of a linear recurrence runs), `activation` (None for the linear recurrence, else an
+elementwise function), `final_only` (return only the last state, shape 1 along `axis`),
+`backend` (None = per platform, see `_core/backend.py`), `chunk` (None: the planner decides whether
+to split long sequences into chunks, `_core/planner.py`; 0: never; m: chunks of m steps).
+
+Differentiation (never through the loop):
+- JVP, linear: h' = recurrence(a, x' + a' * h_prev, h0') with the same kernel;
+  nonlinear: with d = act'(pre), h' = recurrence(d * a, d * (x' + a' * h_prev), h0'), a linear
+  recurrence, so reverse mode and second order come from the linear rules.
+- Transpose (linear, w.r.t. x and h0): the reverse-time recurrence
+  dh[t] = g[t] + a[t+1]*dh[t+1] (the same kernel, `shifted`), and h0_bar = a[first]*dh[first].
+  The cotangent of `a` (dh[t] * h[t-1]) follows from the JVP's elementwise product.
+- Batching adds a batch dimension and shifts `axis`, as for the tridiagonal solve.
+
+`gated_recurrence_p` is the linear recurrence the derivatives of a nonlinear one run,
+h[t] = s[t] * (c[t]*h[t-1] + x[t]) with the slope s = act'(.) read from the nonlinear
+recurrence's states (operand `states`, param `gate`: relu or tanh, whose derivative is a function
+of their output). The native kernel computes s inside the sweep, so neither s nor s*a is ever
+written to memory; other backends materialize them. Its transpose is the reverse-time gated
+recurrence z[t] = s[t] * (g[t] + c[t+1]*z[t+1]) with the same gate.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
+
+from .._core import backend as _backend
+from .._core import band_algebra as _bands
+from .._core import layout as _layout
+from .._core import planner as _planner
+from .._core import sharding as _sharding
+from .._core.jax_private import ShapedArray
+from .._long_systems import chunked as _chunked
+from .._long_systems import partition_method as _partition_method
+from .._core.primitive import def_jit_impl
+
+recurrence_p = Primitive("tridiax_recurrence")
+
+
+def_jit_impl(recurrence_p)
+
+
+def _out_shape(full, axis, final_only):
+    return full[:axis] + (1,) + full[axis + 1 :] if final_only else full
+
+
+@recurrence_p.def_abstract_eval
+def _abstract_eval(a, x, h0, *states, axis, final_only, **_):
+    full = _layout.broadcast_shape(a, x, h0, *states)  # h0 has size 1 along axis
+    return ShapedArray(_out_shape(full, axis, final_only), x.dtype)
+
+
+def _lowering(platform: str):
+    def run(a, x, h0, *states, axis, reverse, shifted, final_only, backend, chunk,
+            activation=None, gate=None):
+        full = _layout.broadcast_shape(a, x, h0, *states)
+        out = _out_shape(full, axis, final_only)
+        if 0 in full:
+            return jnp.zeros(out, x.dtype)
+        backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
+                                                      op="recurrence")
+        kernels = _backend.kernels(backend)
+        linear = activation is None
+        # The gate's slope computed in the sweep (the native kernel knows every activation
+        # that gates, relu and tanh), else materialized.
+        in_kernel = backend == "native" and _gates(gate)
+
+        def plan(P, T, Q, override, gated=False):
+            return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
+                                            chunk=override, gated=gated)
+
+        def local_recurrence(a, x, h0, *states, shifted=False, final_only):
+            """The sequences one device holds (all of them when unsharded)."""
+            shape = _layout.broadcast_shape(a, x, h0, *states)
+            state = _out_shape(shape, axis, True)
+            a, x, *states = (_layout.to_pnq(v, axis, shape) for v in (a, x, *states))
+            h0 = _layout.to_pnq(h0, axis, state)
+            P, T, Q = _layout.broadcast_shape(a, x, *states)
+            move = _planner.gpu_columns(P, Q, x.dtype, backend=backend, kind="recurrence",
+                                        N=T)
+            (a, x, h0, *states), P, Q, back = _layout.columns_if(move, (a, x, h0, *states), P, Q)
+            gated = None
+            if states and in_kernel:
+                gated = (states[0], gate)
+            elif states:  # s * c and s * x written out, run ungated
+                slope = _slope(gate, states[0], None)
+                a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
+                x, shifted = slope * x, False
+            h = _chunked.recurrence_any(
+                kernels, a, x, h0, plan=plan(P, T, Q, chunk, gated=gated is not None),
+                reverse=reverse, shifted=shifted, final_only=final_only, gate=gated,
+                activation=activation,
+                replan=lambda P, C, Q: plan(P, C, Q, None if chunk != 0 else 0))
+            return back(h).reshape(_out_shape(shape, axis, final_only))
+
+        def local(*operands):
+            return local_recurrence(*operands, shifted=shifted, final_only=final_only)
+
+        # A split time axis is run in place for linear recurrences; IndRNN's nonlinear ones
+        # and the gated ones of their derivatives gather it.
+        split = None if activation is not None or states else functools.partial(
+            _partition_method.recurrence_split, axis=axis, reverse=reverse, shifted=shifted,
+            final_only=final_only, local_recurrence=local_recurrence)
+        operands = (a, x, h0, *states)
+        return _sharding.partitioned(local, [v.shape for v in operands], [out], axis,
+                                     split=split)(*operands)
+
+    return run
+
+
+gated_recurrence_p = Primitive("tridiax_gated_recurrence")
+def_jit_impl(gated_recurrence_p)
+gated_recurrence_p.def_abstract_eval(_abstract_eval)
+
+for _platform in ("cpu", "cuda", "rocm", "tpu"):
+    _sharding.register_lowering(recurrence_p, _lowering(_platform), _platform)
+    _sharding.register_lowering(gated_recurrence_p, _lowering(_platform), _platform)
+
+
+def _first_index(T, reverse):
+    return T - 1 if reverse else 0
+
+
+def previous_states(h, h0, *, axis, reverse):
+    """The state each step multiplies: h[t-1] (h[t+1] when `reverse`), h0 at the first step."""
+    T = h.shape[axis]
+    step = -1 if reverse else 1
+    first = h0.astype(h.dtype)  # size 1 along axis
+    config = [(0, 0, 0)] * h.ndim
+    config[axis] = (T - 1, 0, 0) if reverse else (0, T - 1, 0)
+    first = jax.lax.pad(jnp.broadcast_to(first, h.shape[:axis] + (1,) + h.shape[axis + 1:]),
+                        jnp.zeros((), h.dtype), config)
+    return _bands.shift(h, step, axis) + first
+
+
+def _coefficients(a, T, *, axis, reverse, shifted):
+    """a as applied at each step: a[t], or a at the previous step's index (zero first)."""
+    a = _bands.broadcast_along(a, axis, T)
+    return _bands.shift(a, -1 if reverse else 1, axis) if shifted else a
+
+
+def _last_state(h, axis, reverse):
+    T = h.shape[axis]
+    return jax.lax.slice_in_dim(h, _first_index(T, not reverse), _first_index(T, not reverse) + 1,
+                                axis=axis)
+
+
+def _slope_from_output():
+    # Activations whose derivative is a function of their output: the backward then reads
+    # only the stored states, not the inputs again.
+    return {
+        jax.nn.relu: lambda h: (h > 0).astype(h.dtype),
+        jnp.tanh: lambda h: 1 - h * h,
+    }
+
+
+def _output_slope(activation):
+    """The function giving activation' from the activation's output, or None."""
+    try:
+        return _slope_from_output().get(activation)
+    except TypeError:  # unhashable callable
+        return None
+
+
+def _slope(activation, h, pre):
+    """activation'(pre-activation), from the output h where possible, else from pre()."""
+    from_output = _output_slope(activation)
+    if from_output is not None:
+        return from_output(h)
+    if pre is None:
+        raise ValueError(f"no slope from the output of {activation!r}")
+    pre = pre()  # recomputed from the stored states: no extra output from the kernel
+    return jax.jvp(activation, (pre,), (jnp.ones_like(pre),))[1]
+
+
+def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, backend, chunk):
+    a, x, h0 = primals
+    a_t, x_t, h0_t = (None if type(t) is ad.Zero else t for t in tangents)
+    params = dict(axis=axis, reverse=reverse, backend=backend, chunk=chunk)
+    linear = activation is None
+    need_sequence = not linear or a_t is not None
+    T = max(a.shape[axis], x.shape[axis])
+    if need_sequence:
+        h_seq = recurrence_p.bind(a, x, h0, shifted=shifted, activation=activation,
+                                  final_only=False, **params)
+        h = _last_state(h_seq, axis, reverse) if final_only else h_seq
+        h_prev = previous_states(h_seq, h0, axis=axis, reverse=reverse)
+    else:
+        h = recurrence_p.bind(a, x, h0, shifted=shifted, activation=activation,
+                              final_only=final_only, **params)
+    inputs = [] if x_t is None else [x_t]
+    if a_t is not None:
+        inputs.append(_coefficients(a_t, T, axis=axis, reverse=reverse, shifted=shifted) * h_prev)
+    if not inputs and h0_t is None:
+        return h, ad.Zero.from_primal_value(h)
+    x_in = functools.reduce(jnp.add, inputs) if inputs else jnp.zeros_like(x)
+    h0_in = jnp.zeros_like(h0) if h0_t is None else h0_t
+    if linear:
+        h_t = recurrence_p.bind(a, x_in, h0_in, shifted=shifted, activation=None,
+                                final_only=final_only, **params)
+    elif _gates(activation):
+        h_t = gated_recurrence_p.bind(a, x_in, h0_in, h_seq, shifted=shifted, gate=activation,
+                                      final_only=final_only, **params)
+    else:
+        slope = _slope(activation, h_seq, lambda: a * h_prev + x)
+        h_t = recurrence_p.bind(slope * a, slope * x_in, h0_in, shifted=shifted,
+                                activation=None, final_only=final_only, **params)
+    return h, h_t
+
+
+ad.primitive_jvps[recurrence_p] = _jvp
+
+
+def _gates(activation) -> bool:
+    """Whether the derivatives of this activation's recurrence run gated (slope from h)."""
+    return _output_slope(activation) is not None
+
+
+def _gated_jvp(primals, tangents, *, axis, reverse, shifted, gate, final_only, backend, chunk):
+    a, x, h0, states = primals
+    params = dict(axis=axis, reverse=reverse, shifted=shifted, gate=gate, final_only=final_only,
+                  backend=backend, chunk=chunk)
+    if type(tangents[0]) is ad.Zero and type(tangents[3]) is ad.Zero:
+        # Linear in x and h0: the same recurrence carries the tangents.
+        h = gated_recurrence_p.bind(*primals, **params)
+        x_t, h0_t = (jnp.zeros_like(p) if type(t) is ad.Zero else t
+                     for p, t in zip((x, h0), tangents[1:3], strict=True))
+        return h, gated_recurrence_p.bind(a, x_t, h0_t, states, **params)
+
+    # Second order through the coefficients or the gate: the materialized formulation.
+    def materialized(a, x, h0, states):
+        T = max(a.shape[axis], x.shape[axis], states.shape[axis])
+        slope = _slope(gate, states, None)
+        coefficient = slope * _coefficients(a, T, axis=axis, reverse=reverse, shifted=shifted)
+        return recurrence_p.bind(coefficient, slope * x, h0, axis=axis, reverse=reverse,
+                                 shifted=False, activation=None, final_only=final_only,
+                                 backend=backend, chunk=chunk)
+
+    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
+                     for p, t in zip(primals, tangents, strict=True))
+    return jax.jvp(materialized, tuple(primals), tangents)
+
+
+ad.primitive_jvps[gated_recurrence_p] = _gated_jvp
+
+
+def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, backend, chunk,
+               activation=None, gate=None):
+    if activation is not None or ad.is_undefined_primal(a) or any(
+            ad.is_undefined_primal(s) for s in states):
+        raise NotImplementedError("only the linear recurrence is linear, and only in x and h0")
+    x_aval = x.aval if ad.is_undefined_primal(x) else x
+    h0_aval = h0.aval if ad.is_undefined_primal(h0) else h0
+    if type(h_bar) is ad.Zero:
+        return (None, ad.Zero(x_aval) if ad.is_undefined_primal(x) else None,
+                ad.Zero(h0_aval) if ad.is_undefined_primal(h0) else None) + (None,) * len(states)
+    T = max(a.shape[axis], x_aval.shape[axis])
+    if final_only:  # the cotangent of the last state only
+        config = [(0, 0, 0)] * h_bar.ndim
+        config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
+        h_bar = jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
+    zero_h0 = jnp.zeros((1,) * h_bar.ndim, h_bar.dtype)
+    params = dict(axis=axis, reverse=not reverse, shifted=not shifted, final_only=False,
+                  backend=backend, chunk=chunk)
+    if states:  # z[t] = s[t] * (g[t] + c[t+1] z[t+1]): the same gate, the time reversed
+        g = gated_recurrence_p.bind(a, h_bar, zero_h0, *states, gate=gate, **params)
+    else:
+        g = recurrence_p.bind(a, h_bar, zero_h0, activation=None, **params)
+    x_ct = _bands.unbroadcast(g, x_aval.shape) if ad.is_undefined_primal(x) else None
+    h0_ct = None
+    if ad.is_undefined_primal(h0):
+        if shifted:  # the shifted recurrence multiplies h0 by zero
+            h0_ct = ad.Zero(h0_aval)
+        else:
+            first = _first_index(T, reverse)
+            a_index = first if a.shape[axis] > 1 else 0
+            a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
+            g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
+            h0_ct = _bands.unbroadcast(a_first * g_first, h0_aval.shape)
+    return (None, x_ct, h0_ct) + (None,) * len(states)
+
+
+ad.primitive_transposes[recurrence_p] = _transpose
+ad.primitive_transposes[gated_recurrence_p] = _transpose
+
+
+def _batcher(primitive):
+    def batch(operands, dims, *, axis, **params):
+        moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
+        return primitive.bind(*moved, axis=axis, **params), bdim
+
+    return batch
+
+
+batching.primitive_batchers[recurrence_p] = _batcher(recurrence_p)
+batching.primitive_batchers[gated_recurrence_p] = _batcher(gated_recurrence_p)
