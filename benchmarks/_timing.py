@@ -31,8 +31,8 @@ from pathlib import Path
 
 import jax
 
-from tridiax._backend import device_platform
-from tridiax._timing import best_time
+from tridiax._core.backend import device_platform
+from tridiax._core.timing import best_time
 
 
 def timed(fn, *args, repeats):

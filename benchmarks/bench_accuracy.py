@@ -50,8 +50,9 @@ from helpers import (  # noqa: E402  tests/helpers.py: the systems and the error
 )
 
 import tridiax  # noqa: E402
-from tridiax import _planner, verify  # noqa: E402
-from tridiax._solve import solve  # noqa: E402
+from tridiax import verify  # noqa: E402
+from tridiax._core import planner as _planner
+from tridiax._tridiagonal.api import solve  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

@@ -43,8 +43,8 @@ def main():
     from jax.sharding import PartitionSpec as P
 
     import tridiax
-    from tridiax._hlo import collectives
-    from tridiax._timing import best_time
+    from tridiax._core.hlo import collectives
+    from tridiax._core.timing import best_time
 
     all_devices = jax.devices()
     counts = [d for d in (1, 2, 4, 8, 16) if d <= len(all_devices)]

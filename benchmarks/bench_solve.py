@@ -26,7 +26,7 @@ from _timing import add_json_option, cell, machine, row, timed, write_rows  # be
 
 import tridiax
 from tridiax import verify
-from tridiax._solve import solve
+from tridiax._tridiagonal.api import solve
 
 # Published peak memory bandwidth (bytes/s) of the GPUs this project is measured on.
 PEAK_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}

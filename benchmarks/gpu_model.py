@@ -22,7 +22,7 @@ kernel, its block specs and the tiles its Triton IR loads and stores. From these
 - **memory time**: the bytes times their waste over `STREAM` of the peak bandwidth;
 - **latency time**: a sweep kernel's program steps through its rows one after another, `ROW_S`
   seconds a step (`ROW_L2_S` where the kernel's arrays fit in the L2: a reduced system); a
-  step loads one row, or k rows where its tiles hold k rows (`_pallas_rows.py`); the GPU holds
+  step loads one row, or k rows where its tiles hold k rows (`_pallas/row_tiles.py`); the GPU holds
   `resident` programs at once (SMs times the blocks an SM fits by threads and registers), so
   `waves` = ceil(blocks / resident) rounds of steps x passes;
 - the launch takes max(memory, latency) plus `LAUNCH_S`; library calls (cuSPARSE's gtsv2) take
@@ -209,7 +209,7 @@ def access_waste(accesses, fetch_bytes: int = FETCH_BYTES) -> float | None:
 
 def rows_per_step(kernel) -> int:
     """Rows a sweep kernel's program loads at once: the rows dim of its 3-D (systems, rows,
-    systems) access tiles (`_pallas_rows.py`); 1 for the row kernels' 2-D tiles of one row."""
+    systems) access tiles (`_pallas/row_tiles.py`); 1 for the row kernels' 2-D tiles of one row."""
     rows = [dims[-2] for *dims, _ in kernel.accesses if len(dims) >= 3]
     return max(rows) if rows else 1
 

@@ -28,7 +28,7 @@ Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also run
 Every figure is the minimum of repeats after a warm-up (compile time excluded), ratios taken
 from this one run. The report is rewritten after every section, so a run cut short keeps what
 it finished. Put the report in benchmarks/README.md, and make the defaults (PREFERENCE in
-tridiax/_backend.py, tiles in tridiax/_kernels/_pallas_tiles.py) follow it.
+tridiax/_core/backend.py, tiles in tridiax/_pallas/tiles.py) follow it.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from _timing import machine, write_rows  # benchmarks/ is on sys.path when run a
 from bench_shapes import QUICK, SHAPES, data_rows, fmt, recurrence_problem, run_shape, solve_problem, time_best
 
 import tridiax
-from tridiax import _backend
-from tridiax._recurrence import recurrence
-from tridiax._solve import solve
+from tridiax._core import backend as _backend
+from tridiax._recurrence.api import recurrence
+from tridiax._tridiagonal.api import solve
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Peak memory bandwidth (GB/s) by device kind (vendor figures), for the fraction column.

@@ -131,7 +131,7 @@ def check(args):
     from jax.sharding import PartitionSpec as P
 
     import tridiax
-    from tridiax._hlo import collectives
+    from tridiax._core.hlo import collectives
 
     jax.config.update("jax_enable_x64", True)
     devices = jax.devices()  # every process's devices

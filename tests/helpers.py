@@ -12,7 +12,7 @@ GPU_BACKENDS = ("pallas_triton", "mosaic_gpu", "xla")  # each where it runs the 
 
 def backends(dtype=None) -> tuple[str, ...]:
     """Every backend that runs on this machine's default device (and supports `dtype`)."""
-    from tridiax._backend import device_platform, unavailable
+    from tridiax._core.backend import device_platform, unavailable
 
     platform = device_platform(jax.devices()[0])  # "cpu", "cuda", "rocm", ...
     found = GPU_BACKENDS if platform in ("cuda", "rocm") else CPU_BACKENDS

@@ -6,8 +6,8 @@ it shows what jax 0.11 would do with kernels that leave the choice to jax."""
 
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from tridiax._recurrence import recurrence  # noqa: F401 - named by the cases' expressions
-from tridiax._solve import solve  # noqa: F401
+from tridiax._recurrence.api import recurrence  # noqa: F401 - named by the cases' expressions
+from tridiax._tridiagonal.api import solve  # noqa: F401
 
 _kernel = plgpu.kernel
 

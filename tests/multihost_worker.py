@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import tridiax  # noqa: E402
-from tridiax._hlo import collectives  # noqa: E402
+from tridiax._core.hlo import collectives  # noqa: E402
 
 assert jax.process_count() == num_processes and jax.process_index() == process_id
 mesh = Mesh(np.array(jax.devices()), ("d",))  # every process's devices, process by process

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import tridiax
 from tridiax import verify
-from tridiax._hlo import collectives
+from tridiax._core.hlo import collectives
 
 assert jax.device_count() == 8, "run through test_sharding.py (8 host devices)"
 
@@ -277,8 +277,8 @@ def test_sharded_kernels_lower_without_the_triton_warning(monkeypatch):
     from jax._src.interpreters import mlir
     from jax._src.pallas.pallas_call import pallas_call_p
 
-    from tridiax._recurrence import recurrence
-    from tridiax._solve import solve
+    from tridiax._recurrence.api import recurrence
+    from tridiax._tridiagonal.api import solve
 
     entry = mlir._lowerings[pallas_call_p]
 

@@ -30,8 +30,9 @@ from helpers import (
 )
 
 import tridiax
-from tridiax import _planner, verify
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import planner as _planner
+from tridiax._tridiagonal.api import solve
 
 # The most that a plan's error may exceed the sequential sweep's (both against the exact
 # answer). Plans that keep the sweep's order meet 1 exactly on the native kernel.
@@ -188,7 +189,7 @@ def test_every_backend_near_the_sweep(backend, dtype):
 @pytest.mark.parametrize("kind", ["pivoted", "periodic", "periodic_pivoted", "factored"])
 @pytest.mark.parametrize("backend", backends())
 def test_every_backend_kind_near_the_sweep(backend, kind, dtype):
-    # The pivoted periodic solve combines its two pivoted sweeps in XLA (`_periodic.py`),
+    # The pivoted periodic solve combines its two pivoted sweeps in XLA (`_tridiagonal/periodic.py`),
     # whose fused multiply-adds round otherwise than the sweep written out.
     systems = PERIODIC_SYSTEMS if kind.startswith("periodic") else REAL_SYSTEMS
     for system in systems:

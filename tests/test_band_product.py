@@ -1,4 +1,4 @@
-"""The band cotangents of a solve's gradient (tridiax/_band_product.py): the native one-pass
+"""The band cotangents of a solve's gradient (tridiax/_tridiagonal/band_product.py): the native one-pass
 kernel against a NumPy loop, and the gradients that use it against a dense solve."""
 
 import itertools
@@ -10,9 +10,9 @@ import pytest
 from helpers import assert_close, dense_solve, random_bands
 
 import tridiax
-from tridiax._backend import unavailable
-from tridiax._band_product import band_cotangents_p
-from tridiax._solve import solve
+from tridiax._core.backend import unavailable
+from tridiax._tridiagonal.api import solve
+from tridiax._tridiagonal.band_product import band_cotangents_p
 
 pytestmark = [
     pytest.mark.cpu_device,

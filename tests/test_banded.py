@@ -12,7 +12,7 @@ import scipy.linalg
 from helpers import assert_close, backends
 
 import tridiax
-from tridiax import _banded
+from tridiax._banded import api as _banded
 from tridiax.verify import reference_solve_banded
 
 PAIRS = [(0, 0), (1, 1), (2, 2), (3, 1), (1, 3), (0, 2), (2, 0), (4, 4)]

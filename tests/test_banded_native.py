@@ -17,7 +17,8 @@ import pytest
 import scipy.linalg
 from helpers import compile_unoptimized, wide
 
-from tridiax._kernels import _native, _xla_banded
+from tridiax._banded import xla as _xla_banded
+from tridiax._native import library as _native
 
 pytestmark = [
     pytest.mark.cpu_device,

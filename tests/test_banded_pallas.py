@@ -1,4 +1,4 @@
-"""The Pallas (Triton) banded kernel, `_kernels/_pallas_banded.py`.
+"""The Pallas (Triton) banded kernel, `_banded/pallas_triton.py`.
 
 On CPU the kernel runs in interpret mode and must give what the XLA formulation
 (`_xla_banded.solve_pnq`) and scipy.linalg.solve_banded give, for every kind, transposed or not,
@@ -25,8 +25,9 @@ import pytest
 import scipy.linalg
 from helpers import compile_unoptimized, triton_kernels
 
-from tridiax._kernels import _pallas_banded, _xla_banded
-from tridiax._kernels._pallas_tiles import Tiles
+from tridiax._banded import pallas_triton as _pallas_banded
+from tridiax._banded import xla as _xla_banded
+from tridiax._pallas.tiles import Tiles
 
 BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0)]
 KINDS = _xla_banded.KINDS
@@ -318,7 +319,7 @@ def test_default_tiles():
 
 
 def _triton_params(tiles):
-    from tridiax._backend import _triton_params
+    from tridiax._core.backend import _triton_params
 
     return _triton_params(tiles)
 

@@ -16,7 +16,7 @@ import sys
 import jax
 import pytest
 
-from tridiax._backend import device_platform
+from tridiax._core.backend import device_platform
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW_KEYS = ["table", "case", "shape", "axis", "dtype", "method", "grad", "ms", "compile_s",

@@ -12,8 +12,8 @@ from helpers import RTOL, assert_close, backends, equations
 from jax.test_util import check_grads
 
 import tridiax
-from tridiax import _block
-from tridiax._block_primitive import block_solve_p
+from tridiax._block import api as _block
+from tridiax._block.primitive import block_solve_p
 from tridiax.verify import reference_solve_block_tridiagonal
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
@@ -383,7 +383,7 @@ def test_tolerance_table_covers_the_dtypes():
 
 def test_large_blocks_leave_the_triton_kernel_for_xla():
     # The Triton kernel keeps k x k blocks in registers: past PALLAS_BLOCK_LIMIT it spills.
-    from tridiax._backend import PALLAS_BLOCK_LIMIT, default_backend, default_block_backend
+    from tridiax._core.backend import PALLAS_BLOCK_LIMIT, default_backend, default_block_backend
 
     for dtype, limit in ((np.float32, PALLAS_BLOCK_LIMIT[0]),
                          (np.complex64, PALLAS_BLOCK_LIMIT[1])):

@@ -17,7 +17,8 @@ import pytest
 from helpers import wide
 
 import tridiax
-from tridiax._kernels import _native, _xla_block
+from tridiax._block import xla as _xla_block
+from tridiax._native import library as _native
 
 pytestmark = [
     pytest.mark.cpu_device,

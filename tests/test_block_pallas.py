@@ -1,4 +1,4 @@
-"""The Pallas (Triton) block-tridiagonal kernel, `_kernels/_pallas_block.py`.
+"""The Pallas (Triton) block-tridiagonal kernel, `_block/pallas_triton.py`.
 
 On CPU the kernel runs in interpret mode and must give what dense NumPy solves of the assembled
 matrices and the XLA formulation (`_xla_block.solve_pnq`) give, for every kind, transposed or
@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 from helpers import compile_unoptimized, triton_kernels
 
-from tridiax._kernels import _pallas_block, _xla_block
-from tridiax._kernels._pallas_tiles import Tiles
+from tridiax._block import pallas_triton as _pallas_block
+from tridiax._block import xla as _xla_block
+from tridiax._pallas.tiles import Tiles
 
 P, Q = 2, 5  # Q = 5 is not a multiple of the default tile (8 or more): the tile is ragged
 
@@ -271,7 +272,7 @@ def test_default_tiles():
 
 
 def _triton_params(tiles):
-    from tridiax._backend import _triton_params
+    from tridiax._core.backend import _triton_params
 
     return _triton_params(tiles)
 

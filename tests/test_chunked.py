@@ -1,5 +1,5 @@
-"""Long systems split into chunks (the partition method inside one device, `_chunked.py`) and the
-planner that decides it (`_planner.py`): answers against `tridiax.verify.reference_solve`, NumPy
+"""Long systems split into chunks (the partition method inside one device, `_long_systems/chunked.py`) and the
+planner that decides it (`_core/planner.py`): answers against `tridiax.verify.reference_solve`, NumPy
 loops and the unchunked kernel, gradients, the user's override, and packed ragged batches."""
 
 import equinox as eqx
@@ -10,9 +10,11 @@ import pytest
 from helpers import RTOL, numpy_loop
 
 import tridiax
-from tridiax import _backend, _planner, verify
-from tridiax._recurrence_primitive import recurrence_p
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import backend as _backend
+from tridiax._core import planner as _planner
+from tridiax._recurrence.primitive import recurrence_p
+from tridiax._tridiagonal.api import solve
 
 RNG = np.random.default_rng(13)
 DTYPES = (np.float32, np.float64, np.complex64, np.complex128)

@@ -1,5 +1,5 @@
-"""The chunk sweeps composed from plain kernels (`tridiax/_kernels/_composed_chunks.py`) against
-the native C++ chunk kernels they stand in for, and end to end through `_chunked.py` against
+"""The chunk sweeps composed from plain kernels (`tridiax/_long_systems/composed_chunks.py`) against
+the native C++ chunk kernels they stand in for, and end to end through `_long_systems/chunked.py` against
 SciPy, a dense solve and a NumPy loop, on the "xla" and "pallas_interpret" backends."""
 
 import functools
@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from tridiax import _backend, _chunked, _planner
-from tridiax._kernels import _composed_chunks, _native
+from tridiax._core import backend as _backend
+from tridiax._core import planner as _planner
+from tridiax._long_systems import chunked as _chunked
+from tridiax._long_systems import composed_chunks as _composed_chunks
+from tridiax._native import library as _native
 
 pytestmark = [
     pytest.mark.cpu_device,
@@ -245,7 +248,7 @@ def test_invalid_chunk_is_refused():
 
 
 # ---------------------------------------------------------------------------------------------
-# End to end through _chunked.py.
+# End to end through _long_systems/chunked.py.
 
 
 def replan(periodic):

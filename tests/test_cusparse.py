@@ -1,4 +1,4 @@
-"""The cuSPARSE route for few long systems on NVIDIA GPUs (`tridiax/_kernels/_cusparse.py`):
+"""The cuSPARSE route for few long systems on NVIDIA GPUs (`tridiax/_tridiagonal/cusparse.py`):
 its layout (one matrix for many columns, or one system per row, by transposes) and band
 conventions, run here through `lax.linalg.tridiagonal_solve`, which is LAPACK's gtsv on CPU
 and cuSPARSE's gtsv2 on CUDA; against scipy (`tridiax.verify`). Which calls take it:
@@ -10,7 +10,7 @@ import pytest
 from helpers import RTOL
 
 from tridiax import verify
-from tridiax._kernels import _cusparse
+from tridiax._tridiagonal import cusparse as _cusparse
 
 # (P, N, Q) operand shapes: one system; one matrix for 5 columns; systems along P (batch-first);
 # bands varying over Q; bands broadcast every way; N = 1, 2, 3.

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import tridiax
-from tridiax import _recurrence, _solve
+from tridiax._recurrence import api as _recurrence
+from tridiax._tridiagonal import api as _solve
 
 
 def _count_traces(module, monkeypatch):

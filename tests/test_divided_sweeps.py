@@ -19,11 +19,12 @@ import pytest
 from helpers import triton_kernels
 
 import tridiax
-from tridiax import _jax_private, verify
-from tridiax._factorization import factor
-from tridiax._kernels import _mosaic_gpu
-from tridiax._kernels._split_complex import SplitComplex, divide, reciprocal
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import jax_private as _jax_private
+from tridiax._core.split_complex import SplitComplex, divide, reciprocal
+from tridiax._pallas import mosaic_gpu as _mosaic_gpu
+from tridiax._tridiagonal.api import solve
+from tridiax._tridiagonal.factorization import factor
 
 BACKENDS = ("xla", "pallas_interpret")
 KINDS = ("thomas", "pivoted", "periodic", "periodic pivoted", "factored", "periodic factored")

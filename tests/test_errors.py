@@ -11,7 +11,7 @@ import pytest
 from helpers import backends, random_bands
 
 import tridiax
-from tridiax._solve import solve
+from tridiax._tridiagonal.api import solve
 
 
 def _ones(*shapes):

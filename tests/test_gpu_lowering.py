@@ -88,7 +88,7 @@ RECURRENCE_ENTRY_POINTS = {
 NARROW = {"middle axis", "periodic grad", "periodic pivoted grad",
           "pivoted last axis", "periodic factored solve"}
 # Plain solves and recurrences of batch-first data: read in place by tiles of each system's
-# consecutive rows (`_kernels/_pallas_rows.py`), no transposes.
+# consecutive rows (`_pallas/row_tiles.py`), no transposes.
 ROW_TILES = {"plain last axis", "grad last axis", "linear last axis reverse"}
 
 
@@ -193,7 +193,7 @@ def test_broadcast_bands_are_not_materialised_on_gpu():
     ((100_000, 64), 0, {"chunk": 0}, False),
 ])
 def test_few_long_plain_systems_lower_to_cusparse(shape, axis, options, library):
-    from tridiax._solve import solve
+    from tridiax._tridiagonal.api import solve
 
     args = [jax.ShapeDtypeStruct(shape, jnp.float32)] * 4
     solve_it = lambda *a: solve(*a, axis=axis, **options)  # noqa: E731

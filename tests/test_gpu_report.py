@@ -23,7 +23,7 @@ def test_gpu_report_quick_run_reports_every_kind(tmp_path):
         sys.path.pop(0)
     import jax
 
-    from tridiax._backend import device_platform
+    from tridiax._core.backend import device_platform
 
     platform = device_platform(jax.devices()[0])
     backends = gpu_report.device_backends(platform)

@@ -7,7 +7,7 @@ import pytest
 from helpers import assert_close, backends, dense_solve, equations, random_bands
 from jax.test_util import check_grads
 
-from tridiax._solve import solve
+from tridiax._tridiagonal.api import solve
 
 CASES = [((1, 3), 0), ((2, 3), 0), ((5, 4), 0), ((4, 5), -1), ((3, 5, 2), 1), ((6,), 0)]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import tridiax
-from tridiax._kernels import _native
+from tridiax._native import library as _native
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -123,7 +123,7 @@ class _Device:
     (_Device("gpu", _Client("gpu", "cuda 13.0")), "cuda"),
 ])
 def test_device_platform_names_the_lowering_platform(device, want):
-    from tridiax._backend import device_platform
+    from tridiax._core.backend import device_platform
 
     assert device_platform(device) == want
 
@@ -131,7 +131,7 @@ def test_device_platform_names_the_lowering_platform(device, want):
 def test_device_platform_of_this_machines_devices_has_backends():
     import jax
 
-    from tridiax import _backend
+    from tridiax._core import backend as _backend
 
     for device in jax.devices():
         platform = _backend.device_platform(device)

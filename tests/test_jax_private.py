@@ -16,9 +16,11 @@ import pytest
 from helpers import assert_close, random_bands
 
 import tridiax
-from tridiax import _backend, _jax_private, verify
-from tridiax._kernels import _pallas_tiles
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import backend as _backend
+from tridiax._core import jax_private as _jax_private
+from tridiax._pallas import tiles as _pallas_tiles
+from tridiax._tridiagonal.api import solve
 
 ORIGINAL_SHAPED_ARRAY = _jax_private.ShapedArray
 

@@ -49,7 +49,7 @@ def test_vmap_runs_one_batched_kernel():
         a = lx.TridiagonalLinearOperator(d[k], lo[k], up[k]).as_matrix()
         np.testing.assert_allclose(x[k], np.linalg.solve(a, b[k]), rtol=1e-12)
     # One kernel call solves the whole batch: vmap adds a batch dimension to it.
-    from tridiax import _backend
+    from tridiax._core import backend as _backend
 
     backend = _backend.default_backend(_backend.device_platform(jax.devices()[0]), d.dtype)
     target = {"native": "tridiax_thomas_cpu", "pallas_triton": "__gpu$xla.gpu.triton"}.get(backend, "while")

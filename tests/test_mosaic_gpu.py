@@ -1,4 +1,4 @@
-"""The Mosaic GPU kernels (`tridiax/_kernels/_mosaic_gpu.py`), proven without a GPU.
+"""The Mosaic GPU kernels (`tridiax/_pallas/mosaic_gpu.py`), proven without a GPU.
 
 1. In JAX's Mosaic GPU interpreter (private, jax >= 0.10.2; it simulates shared memory,
    barriers and TMA copies on CPU): against float64 references, on ragged shapes in both
@@ -16,8 +16,12 @@ from gpu_aot import compile_reports
 from helpers import RTOL, factors_by_loop, numpy_loop, random_bands
 from test_gpu_compile import SMS, WIDE, _errors, _require_harness
 
-from tridiax import _backend, _jax_private, verify
-from tridiax._kernels import _mosaic_gpu, _xla_recurrence, _xla_thomas
+from tridiax import verify
+from tridiax._core import backend as _backend
+from tridiax._core import jax_private as _jax_private
+from tridiax._pallas import mosaic_gpu as _mosaic_gpu
+from tridiax._recurrence import xla as _xla_recurrence
+from tridiax._tridiagonal import xla as _xla_thomas
 
 H100_SHARED_MEMORY = 227 * 1024  # bytes one block may use
 
@@ -198,22 +202,22 @@ def test_what_the_kernels_do_not_run_goes_to_the_xla_loop():
 
 ROWS = 1000
 MOSAIC_ENTRY_POINTS = {
-    "solve": ("tridiax._solve:lambda *a: solve(*a, axis={axis}, backend='mosaic_gpu')", 4),
-    "solve / grad": ("tridiax._solve:__import__('jax').grad(lambda *a: (solve(*a, axis={axis}, "
+    "solve": ("tridiax._tridiagonal.api:lambda *a: solve(*a, axis={axis}, backend='mosaic_gpu')", 4),
+    "solve / grad": ("tridiax._tridiagonal.api:__import__('jax').grad(lambda *a: (solve(*a, axis={axis}, "
                      "backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1, 2, 3))", 4),
-    "linear_recurrence": ("tridiax._recurrence:lambda a, x: recurrence(a, x, axis={axis}, "
+    "linear_recurrence": ("tridiax._recurrence.api:lambda a, x: recurrence(a, x, axis={axis}, "
                           "backend='mosaic_gpu')", 2),
     "linear_recurrence reverse / grad": (
-        "tridiax._recurrence:__import__('jax').grad(lambda a, x: (recurrence(a, x, axis={axis}, "
+        "tridiax._recurrence.api:__import__('jax').grad(lambda a, x: (recurrence(a, x, axis={axis}, "
         "reverse=True, backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1))", 2),
     **{f"{name} / grad": (
-        "tridiax._solve:__import__('jax').grad(lambda *a: (solve(*a, axis={axis}, "
+        "tridiax._tridiagonal.api:__import__('jax').grad(lambda *a: (solve(*a, axis={axis}, "
         f"{flags}, backend='mosaic_gpu') ** 2).sum(), argnums=(0, 1, 2, 3))", 4)
        for name, flags in (("periodic", "periodic=True"), ("pivoted", "pivoting=True"),
                            ("periodic pivoted", "periodic=True, pivoting=True"))},
     "factored solve": ("tridiax:lambda l, d, u, b: TDMA(backend='mosaic_gpu').factor("
                        "Tridiagonal(l, d, u, axis={axis})).solve(b)", 4),
-    "indrnn / grad": ("tridiax._recurrence:__import__('jax').grad(lambda a, x: (recurrence(a, x, "
+    "indrnn / grad": ("tridiax._recurrence.api:__import__('jax').grad(lambda a, x: (recurrence(a, x, "
                       "axis={axis}, activation=__import__('jax').nn.relu, backend='mosaic_gpu') "
                       "** 2).sum(), argnums=(0, 1))", 2),
 }
@@ -232,7 +236,7 @@ def _mosaic_cases(systems, dtype="float32"):
 def test_mosaic_gpu_entry_points_compile_for_an_h100():
     _require_harness()
     ragged_rows = {  # batch-first rows not a multiple of 4 (TMA's 16-byte rule): padded
-        "solve axis=-1 ragged rows": ("tridiax._solve:lambda *a: solve(*a, axis=-1, "
+        "solve axis=-1 ragged rows": ("tridiax._tridiagonal.api:lambda *a: solve(*a, axis=-1, "
                                       "backend='mosaic_gpu')", [((WIDE + 100, ROWS + 1), "float32")] * 4)}
     reports = compile_reports({**_mosaic_cases(WIDE), **_mosaic_cases(WIDE + 100, "bfloat16"),
                                **ragged_rows})

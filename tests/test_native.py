@@ -25,7 +25,7 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
     # The compiler here stands in for the real one (objects: empty files; the library: the one
     # this process built or found in its cache), so that no case here pays a compile; the real
     # build runs on first use in a fresh cache (a fresh CI machine: every native test).
-    from tridiax._kernels import _native
+    from tridiax._native import library as _native
 
     assert _native.available(), "the native kernel could not be built: python -m tridiax --info"
     compiler = tmp_path / "compiler"
@@ -60,7 +60,7 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
 def test_a_build_that_cannot_link_libmvec_builds_without_it(tmp_path):
     # A stand-in compiler that fails whatever asks for libmvec: the kernel is built again
     # without it, with one warning saying so, and solves.
-    from tridiax._kernels import _native
+    from tridiax._native import library as _native
 
     if _native._vector_math_library() is None:
         pytest.skip("no libmvec on this machine: nothing to fall back from")
@@ -84,7 +84,7 @@ def test_build_notice_estimates_from_the_sources_and_the_cores(monkeypatch):
     # of them in turn. No build runs here.
     import math
 
-    from tridiax._kernels import _native
+    from tridiax._native import library as _native
 
     low, high = _native._SOURCE_SECONDS
     for sources in (1, 3, 5):

@@ -198,7 +198,7 @@ def test_periodic_matches_reference(shape, axis, dtype):
     expected = verify.reference_solve(lo, di, up, b, axis=axis, periodic=True)
     np.testing.assert_allclose(expected, dense_solve(lo, di, up, b, axis, True), rtol=1e-10, atol=1e-12)
     for backend in backends(dtype):
-        from tridiax._solve import solve
+        from tridiax._tridiagonal.api import solve
 
         assert_close(solve(lo, di, up, b, axis=axis, backend=backend, periodic=True), expected, dtype)
         op = tridiax.Tridiagonal(lo, di, up, axis=axis, periodic=True)

@@ -1,4 +1,4 @@
-"""Sweeps by tiles of rows (`_kernels/_pallas_rows.py`), in Pallas's interpret mode: the plain
+"""Sweeps by tiles of rows (`_pallas/row_tiles.py`), in Pallas's interpret mode: the plain
 solve and linear recurrences give the same answer, bit for bit, as the row kernels they
 replace (the same operations in the same order), in both orientations (batch-first systems
 read in place; the (N, B) layout k rows at a time), and are as accurate as the sequential
@@ -19,11 +19,14 @@ import pytest
 from helpers import assert_close, numpy_loop, random_bands, triton_kernels
 
 import tridiax
-from tridiax import _planner, verify
-from tridiax._kernels import _pallas_recurrence, _pallas_rows, _pallas_thomas
-from tridiax._kernels._pallas_tiles import Tiles
-from tridiax._recurrence import recurrence
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import planner as _planner
+from tridiax._pallas import row_tiles as _pallas_rows
+from tridiax._pallas.tiles import Tiles
+from tridiax._recurrence import pallas_triton as _pallas_recurrence
+from tridiax._recurrence.api import recurrence
+from tridiax._tridiagonal import pallas_triton as _pallas_thomas
+from tridiax._tridiagonal.api import solve
 
 # (systems, rows): 2 and 3 rows (tiles of 2), a tile and a tile plus one (the last tile
 # overlapping the one before), 33 systems (a program's 32 and one more), many tiles.

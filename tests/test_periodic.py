@@ -13,7 +13,7 @@ import pytest
 from helpers import RTOL, backends, dense_numpy
 
 import tridiax
-from tridiax._solve import solve
+from tridiax._tridiagonal.api import solve
 
 
 def cyclic_cases(dtype, n=9):

@@ -1,6 +1,6 @@
 """Chunked solves with partial pivoting: every chunk and the reduced system eliminated with row
 interchanges, the answer's backward error checked at the separator rows, and the sequential
-pivoted sweep where that check fails (`tridiax/_chunked.py`)."""
+pivoted sweep where that check fails (`tridiax/_long_systems/chunked.py`)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +9,10 @@ import pytest
 from helpers import RTOL
 
 import tridiax
-from tridiax import _chunked, _planner, verify
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import planner as _planner
+from tridiax._long_systems import chunked as _chunked
+from tridiax._tridiagonal.api import solve
 
 DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 RNG = np.random.default_rng(29)

@@ -10,7 +10,7 @@ from jax.test_util import check_grads
 
 import tridiax
 from tridiax import verify
-from tridiax._solve import solve
+from tridiax._tridiagonal.api import solve
 
 SHAPES_AXES = [((1,), 0), ((2,), 0), ((3,), -1), ((7, 3), 0), ((3, 7), -1), ((4, 37, 5), 1),
                ((4, 6, 37), 2), ((2, 3, 4, 9), -2)]
@@ -274,7 +274,7 @@ def test_pivoting_settings_errors():
 
 
 def test_breakdown_message_is_built_on_demand():
-    from tridiax._check import BreakdownMessages
+    from tridiax._core.check import BreakdownMessages
 
     messages = BreakdownMessages(10**9, 1e-8, False)
     assert len(messages) == 10**9 + 1

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tridiax import verify
-from tridiax._banded import solve as solve_banded
-from tridiax._block import solve as solve_block
-from tridiax._recurrence import recurrence
-from tridiax._solve import solve
+from tridiax._banded.api import solve as solve_banded
+from tridiax._block.api import solve as solve_block
+from tridiax._recurrence.api import recurrence
+from tridiax._tridiagonal.api import solve
 
 CI_EXAMPLES, LARGE_EXAMPLES = 50, 500
 MAX_VALUES = 60_000  # per example: keeps a large run to minutes

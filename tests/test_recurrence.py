@@ -8,7 +8,7 @@ from helpers import assert_close, backends, equations, numpy_loop
 from jax.test_util import check_grads
 
 import tridiax
-from tridiax._recurrence import recurrence
+from tridiax._recurrence.api import recurrence
 
 RECURRENCE_BACKENDS = backends()
 
@@ -301,7 +301,7 @@ def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tili
     """The kernel's runs (and chunk ends) of (P, T, Q) operands, `a` of `a_shape` broadcast
     (and x, the gate's states and h0 of their shapes, each of the full shape if not given), in
     each tiling, against kernel_loop."""
-    from tridiax._kernels import _native
+    from tridiax._native import library as _native
 
     rng = np.random.default_rng(seed)
     P, T, Q = shape
@@ -353,7 +353,7 @@ def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tili
 @pytest.mark.parametrize("gate", [None, "relu", "tanh"])
 @pytest.mark.parametrize("a_rows", ["per_step", "shared_by_lanes", "one_per_lane"])
 def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate, a_rows):
-    from tridiax._planner import CpuTiling
+    from tridiax._core.planner import CpuTiling
 
     P = 3
     a_shape = {"per_step": (P, T, 1), "shared_by_lanes": (1, T, 1), "one_per_lane": (P, 1, 1)}
@@ -374,7 +374,7 @@ def test_native_scan_of_contiguous_steps(dtype, T, chunk, reverse, shifted, gate
 @pytest.mark.parametrize("gate", [None, "tanh"])
 @pytest.mark.parametrize("a_rows", ["per_step", "one_row", "shared_by_q", "one_value"])
 def test_native_scan_of_rows_of_a_few_lanes(dtype, Q, T, chunk, reverse, gate, a_rows):
-    from tridiax._planner import CpuTiling
+    from tridiax._core.planner import CpuTiling
 
     P = 2
     a_shape = {"per_step": (P, T, Q), "one_row": (P, 1, Q), "shared_by_q": (P, T, 1),
@@ -395,7 +395,7 @@ def test_native_scan_of_rows_of_a_few_lanes(dtype, Q, T, chunk, reverse, gate, a
 @pytest.mark.parametrize("layout", ["x_one_row", "x_shared_by_q", "x_one_value",
                                     "gate_shared_by_q", "gate_one_row", "h0_shared"])
 def test_native_scan_of_rows_of_a_few_lanes_broadcast(dtype, Q, T, chunk, reverse, layout):
-    from tridiax._planner import CpuTiling
+    from tridiax._core.planner import CpuTiling
 
     P = 2
     C = -(-T // (chunk or T))

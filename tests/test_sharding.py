@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from tridiax._partition_method import solve_small
+from tridiax._long_systems.partition_method import solve_small
 
 
 def test_sharded_cases_on_8_host_devices():

@@ -9,8 +9,9 @@ import pytest
 from helpers import RTOL, assert_close, backends, dense_numpy, random_bands
 
 import tridiax
-from tridiax import _planner, verify
-from tridiax._solve import solve
+from tridiax import verify
+from tridiax._core import planner as _planner
+from tridiax._tridiagonal.api import solve
 
 SHAPES_AXES = [
     ((1,), 0),

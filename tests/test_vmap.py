@@ -7,7 +7,7 @@ import pytest
 from helpers import assert_close, backends, random_bands
 
 from tridiax import verify
-from tridiax._solve import solve
+from tridiax._tridiagonal.api import solve
 
 
 def _loop(f, args, in_axes, out_axis):
