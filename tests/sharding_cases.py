@@ -132,6 +132,84 @@ def test_batch_sharded_recurrences_move_nothing(name):
         assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), 3)
 
 
+def banded_case(shape, axis, seed, l=2, u=1):
+    """ab (l + u + 1, *shape) in scipy's layout, diagonally dominant, and b of `shape`."""
+    rng = np.random.default_rng(seed)
+    ab = rng.uniform(-1, 1, (l + u + 1, *shape))
+    ab[u] += 2 * (l + u)
+    return (l, u), ab, rng.standard_normal(shape)
+
+
+def block_case(shape, axis, seed, k=3, m=2):
+    """Blocks (*shape, k, k), diagonally dominant, and b (*shape, k, m)."""
+    rng = np.random.default_rng(seed)
+    lower, diag, upper = (rng.uniform(-1, 1, (*shape, k, k)) for _ in range(3))
+    diag += 4 * k * np.eye(k)
+    return lower, diag, upper, rng.standard_normal((*shape, k, m))
+
+
+def extended(spec, leading=0, trailing=0):
+    """`spec` with unsharded dimensions before and after it."""
+    return P(*(None,) * leading, *spec, *(None,) * trailing)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["solve", "grad"])
+@pytest.mark.parametrize("mesh,shape,axis,spec", BATCH_CASES)
+def test_batch_sharded_banded_solves_move_nothing(mesh, shape, axis, spec, grad):
+    mesh = mesh_of(mesh)
+    l_and_u, ab, b = banded_case(shape, axis, seed=11)
+
+    def solve(ab, b):
+        return tridiax.solve_banded(l_and_u, ab, b, axis=axis)
+
+    f = (lambda ab, b: jax.vjp(solve, ab, b)[1](b)) if grad else solve
+    arrays = [jax.device_put(ab, NamedSharding(mesh, extended(spec, leading=1))),
+              jax.device_put(b, NamedSharding(mesh, spec))]
+    compiled = jax.jit(f).lower(*arrays).compile()
+    out = compiled(*arrays)
+    assert collectives(compiled.as_text()) == []
+    for o, e in zip(jax.tree.leaves(out), jax.tree.leaves(f(ab, b)), strict=True):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(e), rtol=1e-13, atol=1e-13)
+    if not grad:
+        assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(solve(ab, b)))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["solve", "grad"])
+@pytest.mark.parametrize("mesh,shape,axis,spec", BATCH_CASES)
+def test_batch_sharded_block_solves_move_nothing(mesh, shape, axis, spec, grad):
+    mesh = mesh_of(mesh)
+    operands = block_case(shape, axis, seed=12)
+
+    def solve(lower, diag, upper, b):
+        return tridiax.solve_block_tridiagonal(lower, diag, upper, b, axis=axis)
+
+    f = (lambda *a: jax.vjp(solve, *a)[1](a[3])) if grad else solve
+    sharding = NamedSharding(mesh, extended(spec, trailing=2))
+    arrays = [jax.device_put(x, sharding) for x in operands]
+    compiled = jax.jit(f).lower(*arrays).compile()
+    out = compiled(*arrays)
+    assert collectives(compiled.as_text()) == []
+    for o, e in zip(jax.tree.leaves(out), jax.tree.leaves(f(*operands)), strict=True):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(e), rtol=1e-13, atol=1e-13)
+    if not grad:
+        assert out.sharding.is_equivalent_to(sharding, len(shape) + 2)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(solve(*operands)))
+
+
+def test_banded_and_block_solves_with_a_split_solve_axis_gather_and_stay_correct():
+    mesh = mesh_of("8")
+    l_and_u, ab, b = banded_case((64, 6), 0, seed=13)
+    sharded = [jax.device_put(ab, NamedSharding(mesh, P(None, "x"))),
+               jax.device_put(b, NamedSharding(mesh, P("x")))]
+    x = jax.jit(lambda ab, b: tridiax.solve_banded(l_and_u, ab, b, axis=0))(*sharded)
+    np.testing.assert_allclose(x, tridiax.solve_banded(l_and_u, ab, b, axis=0), rtol=1e-13)
+    operands = block_case((64, 3), 0, seed=14)
+    sharded = [jax.device_put(a, NamedSharding(mesh, P("x"))) for a in operands]
+    x = jax.jit(lambda *a: tridiax.solve_block_tridiagonal(*a, axis=0))(*sharded)
+    np.testing.assert_allclose(x, tridiax.solve_block_tridiagonal(*operands, axis=0), rtol=1e-13)
+
+
 # --- the solve axis sharded: the partition method -----------------------------------------------
 
 SPLIT_CASES = [  # (mesh, shape, axis, spec): `axis` is split over the mesh

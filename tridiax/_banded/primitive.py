@@ -13,32 +13,27 @@ The JVP's dA x is `_bands.banded_matvec`, plain jnp, so JAX transposes it into t
 reading the band of A^T. Second order composes from the same rules; the batching rule adds a
 vmapped dimension as one more batch dimension of b (and of ab, after its band axis).
 
-Sharded operands are gathered by XLA (no custom partitioning yet): correct, not fast.
+Sharded batch dimensions stay sharded: each device solves the systems it holds
+(`_core/sharding.py`); a sharded solve axis is gathered first.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
 
 from .._core import backend as _backend
 from .._core import band_algebra as _bands
 from .._core import layout as _layout
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
-from .._core.primitive import def_jit_impl
-
-banded_solve_p = Primitive("tridiax_banded_solve")
-def_jit_impl(banded_solve_p)
+from .._core.primitive import solve_primitive
 
 
 def _full_shape(ab, b) -> tuple[int, ...]:
     return tuple(jnp.broadcast_shapes(ab.shape[1:], b.shape))
 
 
-@banded_solve_p.def_abstract_eval
 def _abstract_eval(ab, b, *, l, u, axis, transposed, backend, kind):
     del l, u, axis, transposed, backend, kind
     return ShapedArray(_full_shape(ab, b), b.dtype)
@@ -46,55 +41,34 @@ def _abstract_eval(ab, b, *, l, u, axis, transposed, backend, kind):
 
 def _lowering(platform: str):
     def solve(ab, b, *, l, u, axis, transposed, backend, kind):
-        full = _full_shape(ab, b)
         backend = backend or _backend.default_backend(platform, b.dtype)
-        kernel = _backend.banded_kernel(backend)
-        # The bands as (K, P|1, N|1, Q|1): the same view of every band row (a free reshape,
-        # unless a band is broadcast in part of a group, which `to_pnq` materialises).
-        ab_view = jax.vmap(lambda band: _layout.to_pnq(band, axis, full))(ab)
-        b_view = _layout.to_pnq(jnp.broadcast_to(b, full), axis, full)
-        x = kernel(ab_view, b_view, l=l, u=u, kind=kind, transposed=transposed,
-                   out_dtype=b.dtype)
-        return x.reshape(full)
+        kernel = _backend.kernels(backend).banded
+
+        def local(ab, b):
+            """The systems one device holds (all of them when unsharded)."""
+            full = _full_shape(ab, b)
+            # The bands as (K, P|1, N|1, Q|1): the same view of every band row (a free
+            # reshape, unless a band is broadcast in part of a group, which `to_pnq`
+            # materialises).
+            ab_view = jax.vmap(lambda band: _layout.to_pnq(band, axis, full))(ab)
+            b_view = _layout.to_pnq(jnp.broadcast_to(b, full), axis, full)
+            x = kernel(ab_view, b_view, l=l, u=u, kind=kind, transposed=transposed,
+                       out_dtype=b.dtype)
+            return x.reshape(full)
+
+        return _sharding.partitioned(local, [ab.shape, b.shape], [_full_shape(ab, b)], axis,
+                                     leading=(1, 0))(ab, b)
 
     return solve
 
 
-for _platform in ("cpu", "cuda", "rocm", "tpu"):
-    _sharding.register_lowering(banded_solve_p, _lowering(_platform), _platform)
+def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind):
+    del backend, kind
+    (ab_t,) = tangents
+    return -_bands.banded_matvec(ab_t, x, l=l, u=u, axis=axis, transposed=transposed)
 
 
-def _jvp(primals, tangents, *, l, u, axis, transposed, backend, kind):
-    ab, b = primals
-    params = dict(l=l, u=u, axis=axis, transposed=transposed, backend=backend, kind=kind)
-    x = banded_solve_p.bind(ab, b, **params)
-    ab_t, b_t = (None if type(t) is ad.Zero else t for t in tangents)
-    terms = [] if b_t is None else [b_t]
-    if ab_t is not None:
-        terms.append(-_bands.banded_matvec(ab_t, x, l=l, u=u, axis=axis, transposed=transposed))
-    if not terms:
-        return x, ad.Zero.from_primal_value(x)
-    total = terms[0] if len(terms) == 1 else terms[0] + terms[1]
-    return x, banded_solve_p.bind(ab, jnp.broadcast_to(total, x.shape), **params)
-
-
-ad.primitive_jvps[banded_solve_p] = _jvp
-
-
-def _transpose(x_bar, ab, b, *, l, u, axis, transposed, backend, kind):
-    if ad.is_undefined_primal(ab):
-        raise NotImplementedError("the banded solve is linear in b only")
-    if type(x_bar) is ad.Zero:
-        return None, ad.Zero(b.aval)
-    b_bar = banded_solve_p.bind(ab, x_bar, l=l, u=u, axis=axis, transposed=not transposed,
-                                backend=backend, kind=kind)
-    return None, _bands.unbroadcast(b_bar, b.aval.shape)
-
-
-ad.primitive_transposes[banded_solve_p] = _transpose
-
-
-def _batch(operands, dims, *, axis, **params):
+def _align_batch(operands, dims, axis):
     ab, b = operands
     ab_dim, b_dim = dims
     # Put the vmapped dimension where b has it (or, b unbatched, where ab has it), counted
@@ -109,7 +83,9 @@ def _batch(operands, dims, *, axis, **params):
     elif ab_dim != bdim + 1:
         ab = jnp.moveaxis(ab, ab_dim, bdim + 1)
     axis = axis + 1 if bdim <= axis else axis
-    return banded_solve_p.bind(ab, b, axis=axis, **params), bdim
+    return (ab, b), bdim, axis
 
 
-batching.primitive_batchers[banded_solve_p] = _batch
+banded_solve_p = solve_primitive(
+    "tridiax_banded_solve", solves="the banded solve", abstract_eval=_abstract_eval,
+    lowering=_lowering, jvp_term=_jvp_term, align_batch=_align_batch)

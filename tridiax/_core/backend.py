@@ -209,7 +209,11 @@ class Kernels(NamedTuple):
     - `chunk_ends`, `chunk_solve`: the partition method's sweeps (`_long_systems/chunked.py`);
     - `factor(l, d, u, *, out_dtype, tiling)`: the factors of A = L D V;
     - `recurrence(a, x, h0, *, reverse, shifted, activation, final_only, out_dtype, tiling,
-      chunk=0, gate=None)` and `recurrence_ends`: recurrences and their chunked sweep.
+      chunk=0, gate=None)` and `recurrence_ends`: recurrences and their chunked sweep;
+    - `banded(ab, b, *, l, u, kind, transposed, out_dtype)`: banded solves over
+      ((l + u + 1), P|1, N|1, Q|1) bands (`_banded/xla.py` states the algorithm);
+    - `block(lower, diag, upper, b, *, kind, transposed, out_dtype)`: block-tridiagonal
+      solves over (P|1, N|1, Q|1, k, k) blocks (`_block/xla.py` states the algorithm).
 
     `tiling` is the planner's tile choice (`_planner.Plan.tiling`)."""
 
@@ -219,6 +223,8 @@ class Kernels(NamedTuple):
     factor: Callable
     recurrence: Callable
     recurrence_ends: Callable | None
+    banded: Callable
+    block: Callable
 
 
 def _ignoring_tiling(fn):
@@ -233,7 +239,12 @@ def _ignoring_tiling(fn):
 
 
 def kernels(backend: str) -> Kernels:
-    """The kernels of `backend` (see BACKENDS)."""
+    """The kernels of `backend` (see BACKENDS). Mosaic GPU has no banded or block kernel and
+    runs XLA's."""
+    from .._banded import pallas_triton as _pallas_banded
+    from .._banded import xla as _xla_banded
+    from .._block import pallas_triton as _pallas_block
+    from .._block import xla as _xla_block
     from .._long_systems import composed_chunks as _composed_chunks
     from .._native import library as _native
     from .._pallas import tiles as _pallas_tiles
@@ -244,23 +255,27 @@ def kernels(backend: str) -> Kernels:
 
     if backend == "native":
         return Kernels(_native.solve_pnq, _native.chunk_ends_pnq, _native.chunk_solve_pnq,
-                       _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq)
-    def composed(solve, recurrence, factor, *, stack=True):
+                       _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq,
+                       _native.banded_pnq, _native.block_pnq)
+
+    def composed(solve, recurrence, factor, banded, block, *, stack=True):
         # The chunk sweeps composed from the plain kernels (`_long_systems/composed_chunks.py`).
         chunks = _composed_chunks.composed(solve, recurrence, stack=stack)
         return Kernels(solve, chunks["chunk_ends"], chunks["chunk_solve"], factor,
-                       chunks["recurrence"], chunks["recurrence_ends"])
+                       chunks["recurrence"], chunks["recurrence_ends"], banded, block)
 
     if backend == "xla":
         return composed(_ignoring_tiling(_xla_thomas.solve_pnq),
                         _ignoring_tiling(_xla_recurrence.recurrence_pnq),
-                        _ignoring_tiling(_xla_thomas.factor_pnq))
+                        _ignoring_tiling(_xla_thomas.factor_pnq),
+                        _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend == "mosaic_gpu":
         from .._pallas import mosaic_gpu as _mosaic_gpu
 
         return composed(_ignoring_tiling(_mosaic_gpu.solve_pnq),
                         _ignoring_tiling(_mosaic_gpu.recurrence_pnq),
-                        _ignoring_tiling(_mosaic_gpu.factor_pnq))
+                        _ignoring_tiling(_mosaic_gpu.factor_pnq),
+                        _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -274,41 +289,7 @@ def kernels(backend: str) -> Kernels:
         return call
 
     return composed(pallas(_pallas_thomas.solve_pnq), pallas(_pallas_recurrence.recurrence_pnq),
-                    pallas(_pallas_thomas.factor_pnq), stack=backend != "pallas_triton")
-
-
-def banded_kernel(backend: str) -> Callable:
-    """`backend`'s banded solve over ((l + u + 1), P|1, N|1, Q|1) bands and a (P, N, Q)
-    right-hand side: `kernel(ab, b, *, l, u, kind, transposed, out_dtype)`
-    (`_banded/xla.py` states the algorithm every backend runs). Mosaic GPU has no
-    banded kernel and runs XLA's."""
-    return _family_kernel(backend, "_banded", native="banded_pnq")
-
-
-def block_kernel(backend: str) -> Callable:
-    """`backend`'s block-tridiagonal solve over (P|1, N|1, Q|1, k, k) blocks and a (P, N, Q,
-    k, m) right-hand side: `kernel(lower, diag, upper, b, *, kind, transposed, out_dtype)`
-    (`_block/xla.py` states the algorithm every backend runs). Mosaic GPU has no
-    block kernel and runs XLA's."""
-    return _family_kernel(backend, "_block", native="block_pnq")
-
-
-def _family_kernel(backend: str, family: str, *, native: str) -> Callable:
-    """The solve of a family with one kernel per backend: `_native/library.<native>`,
-    `<family>/pallas_triton.solve_pnq` (Triton, or interpreted) and `<family>/xla.solve_pnq`."""
-    import importlib
-
-    def module(name):
-        return importlib.import_module(f"..{family}.{name}", __package__)
-
-    if backend == "native":
-        from .._native import library
-
-        return getattr(library, native)
-    if backend in ("pallas_triton", "pallas_interpret"):
-        options = ({"interpret": True} if backend == "pallas_interpret"
-                   else {"compiler_params": _triton_params})
-        return functools.partial(module("pallas_triton").solve_pnq, **options)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}")
-    return module("xla").solve_pnq
+                    pallas(_pallas_thomas.factor_pnq),
+                    functools.partial(_pallas_banded.solve_pnq, **options),
+                    functools.partial(_pallas_block.solve_pnq, **options),
+                    stack=backend != "pallas_triton")

@@ -1,11 +1,30 @@
-"""What every tridiax primitive shares: eager calls compiled once per shape and parameters."""
+"""What every tridiax primitive shares: eager calls compiled once per shape and parameters, and
+the rules of a linear solve x = A^{-1} b written once for every family.
+
+A solve primitive's operands are the arrays that make up A (bands, blocks, factors), then the
+right-hand side b; its params hold at least `axis` (the solve axis of b, non-negative) and
+`transposed` (solve with A^T, reading the same operands). Differentiation is implicit:
+
+    d x = A^{-1} (d b - dA x)                   (JVP: one more solve with the same A)
+    b_bar = A^{-T} x_bar                        (transpose: one solve with `transposed` flipped)
+
+and the cotangents of A's operands come from transposing the family's product -dA x, so
+reverse mode keeps only x and A, and higher orders compose from the same rules.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 
 import jax
 from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
+
+from . import band_algebra as _bands
+from . import sharding as _sharding
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
 def def_jit_impl(primitive: Primitive) -> None:
@@ -17,3 +36,58 @@ def def_jit_impl(primitive: Primitive) -> None:
         return jax.jit(functools.partial(primitive.bind, **params))
 
     primitive.def_impl(lambda *operands, **params: compiled(**params)(*operands))
+
+
+def solve_primitive(name: str, *, solves: str, abstract_eval: Callable,
+                    lowering: Callable[[str], Callable], jvp_term: Callable,
+                    align_batch: Callable) -> Primitive:
+    """A JAX primitive for x = A^{-1} b, with its eager implementation, abstract evaluation,
+    lowering on every platform (through `_sharding.register_lowering`), JVP, transpose and
+    batching rule.
+
+    **Arguments:**
+    - `name`: the primitive's name.
+    - `solves`: what it solves, for error messages ("the banded solve").
+    - `abstract_eval(*operands, **params)`: the output's ShapedArray.
+    - `lowering(platform)`: the function of (*operands, **params) that computes x there.
+    - `jvp_term(tangents, x, **params)`: -dA x, from the tangents of A's operands (None where
+      an operand's tangent is zero; at least one is not); raises NotImplementedError where A's
+      operands cannot be differentiated.
+    - `align_batch(operands, dims, axis)`: the operands with their vmapped dimensions (None:
+      unbatched) in one place, that dimension of the output, and the solve axis after it.
+    """
+    primitive = Primitive(name)
+    def_jit_impl(primitive)
+    primitive.def_abstract_eval(abstract_eval)
+    for platform in PLATFORMS:
+        _sharding.register_lowering(primitive, lowering(platform), platform)
+
+    def jvp(primals, tangents, **params):
+        *matrix, _ = primals
+        x = primitive.bind(*primals, **params)
+        *matrix_t, rhs_t = (None if type(t) is ad.Zero else t for t in tangents)
+        terms = [] if rhs_t is None else [rhs_t]
+        if any(t is not None for t in matrix_t):
+            terms.append(jvp_term(matrix_t, x, **params))
+        if not terms:
+            return x, ad.Zero.from_primal_value(x)
+        return x, primitive.bind(*matrix, sum(terms[1:], terms[0]), **params)
+
+    def transpose(x_bar, *operands, transposed, **params):
+        *matrix, rhs = operands
+        none = (None,) * len(matrix)
+        if any(ad.is_undefined_primal(m) for m in matrix):
+            raise NotImplementedError(f"{solves} is linear in its right-hand side only")
+        if type(x_bar) is ad.Zero:
+            return (*none, ad.Zero(rhs.aval))
+        b_bar = primitive.bind(*matrix, x_bar, transposed=not transposed, **params)
+        return (*none, _bands.unbroadcast(b_bar, rhs.aval.shape))
+
+    def batch(operands: Sequence, dims: Sequence, *, axis: int, **params):
+        moved, bdim, axis = align_batch(operands, dims, axis)
+        return primitive.bind(*moved, axis=axis, **params), bdim
+
+    ad.primitive_jvps[primitive] = jvp
+    ad.primitive_transposes[primitive] = transpose
+    batching.primitive_batchers[primitive] = batch
+    return primitive

@@ -104,13 +104,17 @@ def _quietly_lowered(fn: Callable) -> Callable:
 
 def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
                 out_shapes: Sequence[tuple[int, ...]], axis: int, *,
-                split: Callable | None = None) -> Callable:
+                split: Callable | None = None, leading: Sequence[int] = (),
+                trailing: int = 0) -> Callable:
     """`local(*operands)`, returning one array per `out_shapes` (a single array when there is
     one), partitioned along the batch dimensions.
 
-    The operands have one rank and broadcast to the full shape; each output has that shape, or
-    size 1 along `axis` (a recurrence's final state). `local` must work on any block of the
-    batch dimensions: it is traced again with each device's local shapes.
+    The operands' systems dimensions have one rank and broadcast to the full shape; each
+    output has that shape, or size 1 along `axis` (a recurrence's final state). An operand may
+    have dimensions of its own before them (`leading[j]` for operand j: a banded solve's band
+    axis), and every operand and output the same number after them (`trailing`: a block
+    solve's two block dimensions); those are never sharded. `local` must work on any block of
+    the batch dimensions: it is traced again with each device's local shapes.
 
     `split(*operands, names=, devices=)`, if given, runs on each device when the inputs split
     `axis` over the mesh axes `names` into `devices` equal blocks of at least 2 rows (it may
@@ -119,38 +123,50 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
     single = len(out_shapes) == 1
     if not _PARTITION.get():
         return local
-    full = tuple(np.broadcast_shapes(*operand_shapes, *out_shapes))
+    leading = tuple(leading) + (0,) * (len(operand_shapes) - len(leading))
+    operands = [(lead, tuple(shape[lead:len(shape) - trailing]))
+                for lead, shape in zip(leading, operand_shapes, strict=True)]
+    outs = [(0, tuple(shape[:len(shape) - trailing])) for shape in out_shapes]
+    full = tuple(np.broadcast_shapes(*(s for _, s in operands), *(s for _, s in outs)))
     ndim = len(full)
 
-    def factors(shape, owner):
+    def factors(lead, shape, owner):
         # A dimension of the full size shares the factor of that dimension; a broadcast
-        # (size-1) one is a factor of its own, never sharded.
-        return " ".join(f"d{k}" if shape[k] == full[k] else f"{owner}{k}" for k in range(ndim))
+        # (size-1) one is a factor of its own, never sharded, as are leading and trailing ones.
+        return " ".join([f"{owner}l{k}" for k in range(lead)]
+                        + [f"d{k}" if shape[k] == full[k] else f"{owner}{k}" for k in range(ndim)]
+                        + [f"{owner}t{k}" for k in range(trailing)])
 
-    rule = (", ".join(factors(s, f"in{j}_") for j, s in enumerate(operand_shapes))
-            + " -> " + ", ".join(factors(s, f"out{j}_") for j, s in enumerate(out_shapes)))
+    rule = (", ".join(factors(lead, s, f"in{j}_") for j, (lead, s) in enumerate(operands))
+            + " -> " + ", ".join(factors(0, s, f"out{j}_") for j, (_, s) in enumerate(outs)))
 
-    def specs(mesh, sharding, axis_entry):
-        """Per-operand shardings following `sharding` on the batch dims and `axis_entry` (mesh
-        axes, or None: replicated) on the axis, replicated on broadcast dims; and the
-        output's."""
-        spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    def systems_spec(sharding, lead):
+        """The entries of `sharding`'s spec on the systems dimensions of an array with `lead`
+        dimensions before them."""
+        spec = tuple(sharding.spec) + (None,) * (lead + ndim)
+        return spec[lead:lead + ndim]
+
+    def specs(mesh, spec, axis_entry):
+        """Per-operand shardings following `spec` (on the systems dimensions) on the batch
+        dims and `axis_entry` (mesh axes, or None: replicated) on the axis, replicated on
+        broadcast, leading and trailing dims; and the output's."""
         spec = spec[:axis] + (axis_entry,) + spec[axis + 1:]
 
-        def follow(shape):
+        def follow(lead, shape):
             return NamedSharding(mesh, PartitionSpec(
-                *(spec[k] if shape[k] == full[k] else None for k in range(ndim))))
+                *(None,) * lead, *(spec[k] if shape[k] == full[k] else None for k in range(ndim)),
+                *(None,) * trailing))
 
-        outs = tuple(follow(s) for s in out_shapes)
-        return tuple(follow(s) for s in operand_shapes), outs[0] if single else outs
+        out = tuple(follow(lead, s) for lead, s in outs)
+        return tuple(follow(lead, s) for lead, s in operands), out[0] if single else out
 
     def partition(mesh, arg_shapes, result_shape):
-        sharding = (result_shape if single else result_shape[0]).sharding
+        spec = systems_spec((result_shape if single else result_shape[0]).sharding, 0)
         # How the inputs split the axis (the output may not have it: a final state).
         entry = None
-        for shape, arg in zip(operand_shapes, arg_shapes):
+        for (lead, shape), arg in zip(operands, arg_shapes):
             if shape[axis] == full[axis] and arg.sharding is not None:
-                entry = (tuple(arg.sharding.spec) + (None,) * ndim)[axis] or entry
+                entry = systems_spec(arg.sharding, lead)[axis] or entry
         names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
         devices = math.prod(mesh.shape[name] for name in names)
         n = full[axis]
@@ -160,19 +176,19 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
             def fn(*operands):
                 return split(*operands, names=name_arg, devices=devices)
 
-            operand_shardings, out_sharding = specs(mesh, sharding, axis_entry=entry)
+            operand_shardings, out_sharding = specs(mesh, spec, axis_entry=entry)
         else:
             fn = local
-            operand_shardings, out_sharding = specs(mesh, sharding, axis_entry=None)
+            operand_shardings, out_sharding = specs(mesh, spec, axis_entry=None)
         return mesh, _quietly_lowered(fn), out_sharding, operand_shardings
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
         # GSPMD path (Shardy off): follow the operand with the most full-size dimensions.
         widest = max(range(len(arg_shapes)),
-                     key=lambda j: sum(a == b for a, b in zip(operand_shapes[j], full)))
-        sharding = arg_shapes[widest].sharding
-        entry = (tuple(sharding.spec) + (None,) * ndim)[axis] if split is not None else None
-        return specs(mesh, sharding, axis_entry=entry)[1]
+                     key=lambda j: sum(a == b for a, b in zip(operands[j][1], full)))
+        spec = systems_spec(arg_shapes[widest].sharding, operands[widest][0])
+        entry = spec[axis] if split is not None else None
+        return specs(mesh, spec, axis_entry=entry)[1]
 
     wrapped = custom_partitioning(local if single else lambda *operands: tuple(local(*operands)))
     wrapped.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,

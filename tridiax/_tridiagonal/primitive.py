@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
 
 from .._core import backend as _backend
 from .._core import band_algebra as _bands
@@ -44,19 +41,13 @@ from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
+from .._core.primitive import solve_primitive
 from .._long_systems import chunked as _chunked
 from .._long_systems import partition_method as _partition_method
 from . import cusparse as _cusparse
 from . import periodic as _periodic
-from .._core.primitive import def_jit_impl
-
-tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 
 
-def_jit_impl(tridiagonal_solve_p)
-
-
-@tridiagonal_solve_p.def_abstract_eval
 def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block, chunk):
     del transposed, backend, kind, block, chunk
     shape = _layout.broadcast_shape(lower, diag, upper, rhs)
@@ -117,60 +108,23 @@ def _lowering(platform: str):
     return solve
 
 
-for _platform in ("cpu", "cuda", "rocm", "tpu"):
-    _sharding.register_lowering(tridiagonal_solve_p, _lowering(_platform), _platform)
+def _jvp_term(tangents, x, *, axis, transposed, backend, kind, block, chunk):
+    del block, chunk
+    if kind == "factored":
+        raise NotImplementedError(
+            "a factored solve is differentiated through the bands it was made from "
+            "(TridiagonalFactorization.solve), not through its factors")
+    # -(dA) x as a primitive whose transpose forms the band cotangents in one pass.
+    from .band_product import band_product  # imports this module
+
+    return band_product(*tangents, x, axis=axis, transposed=transposed,
+                        periodic=_periodic.is_periodic(kind), backend=backend)
 
 
-def _jvp(primals, tangents, *, axis, transposed, backend, kind, block, chunk):
-    lower, diag, upper, rhs = primals
-    params = dict(axis=axis, transposed=transposed, backend=backend, kind=kind, block=block,
-                  chunk=chunk)
-    x = tridiagonal_solve_p.bind(lower, diag, upper, rhs, **params)
-    lower_t, diag_t, upper_t, rhs_t = (
-        None if type(t) is ad.Zero else t for t in tangents
-    )
-    terms = []
-    if rhs_t is not None:
-        terms.append(rhs_t)
-    if any(t is not None for t in (lower_t, diag_t, upper_t)):
-        if kind == "factored":
-            raise NotImplementedError(
-                "a factored solve is differentiated through the bands it was made from "
-                "(TridiagonalFactorization.solve), not through its factors")
-        # -(dA) x as a primitive whose transpose forms the band cotangents in one pass.
-        from .band_product import band_product  # imports this module
-
-        terms.append(band_product(lower_t, diag_t, upper_t, x, axis=axis, transposed=transposed,
-                                  periodic=_periodic.is_periodic(kind), backend=backend))
-    if not terms:
-        return x, ad.Zero.from_primal_value(x)
-    x_t = tridiagonal_solve_p.bind(lower, diag, upper, sum(terms[1:], terms[0]), **params)
-    return x, x_t
+def _align_batch(operands, dims, axis):
+    return _bands.align_batch(operands, dims, axis, preferred=3)
 
 
-ad.primitive_jvps[tridiagonal_solve_p] = _jvp
-
-
-
-def _transpose(x_bar, lower, diag, upper, rhs, *, axis, transposed, backend, kind, block,
-               chunk):
-    if any(ad.is_undefined_primal(band) for band in (lower, diag, upper)):
-        raise NotImplementedError("the tridiagonal solve is linear in rhs only")
-    if type(x_bar) is ad.Zero:
-        return None, None, None, ad.Zero(rhs.aval)
-    b_bar = tridiagonal_solve_p.bind(
-        lower, diag, upper, x_bar, axis=axis, transposed=not transposed, backend=backend,
-        kind=kind, block=block, chunk=chunk,
-    )
-    return None, None, None, _bands.unbroadcast(b_bar, rhs.aval.shape)
-
-
-ad.primitive_transposes[tridiagonal_solve_p] = _transpose
-
-
-def _batch(operands, dims, *, axis, **params):
-    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=3)
-    return tridiagonal_solve_p.bind(*moved, axis=axis, **params), bdim
-
-
-batching.primitive_batchers[tridiagonal_solve_p] = _batch
+tridiagonal_solve_p = solve_primitive(
+    "tridiax_tridiagonal_solve", solves="the tridiagonal solve", abstract_eval=_abstract_eval,
+    lowering=_lowering, jvp_term=_jvp_term, align_batch=_align_batch)
