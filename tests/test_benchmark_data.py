@@ -3,6 +3,12 @@
 Each script runs at its smallest sizes in a subprocess; its JSON must have the documented
 structure (benchmarks/_timing.py) and hold the numbers the script printed, and plot.py must turn
 bench_shapes.py's JSON into a PNG.
+
+The tables of benchmarks/README.md (the docs site's Performance page) are data too: each is a
+`benchmarks/data/*.json` file of schema "tridiax-benchmark-table/1" (machine, CPU or GPU, jax
+version, date, columns and rows, as printed), or comes straight from its runs' own files (the
+shape table from sweep_order/, the accuracy table from accuracy_cpu.json, the GPU model's from
+gpu_model_h100.json). The README must print what the data holds, number for number.
 """
 
 import datetime
@@ -10,6 +16,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -178,3 +185,189 @@ def test_recurrence_data_holds_the_printed_table(tmp_path):
         ("T=10", "tridiax.indrnn", True), ("T=1000", "tridiax.indrnn", True),
         ("T=100000", "tridiax.indrnn", True)]
     assert all(r["ms"] is None and r["compile_s"] > 0 for r in compiles)
+
+
+# --- benchmarks/README.md and the data behind its tables -------------------------------------
+
+README = ROOT / "benchmarks" / "README.md"
+DATA = ROOT / "benchmarks" / "data"
+TABLE_SCHEMA = "tridiax-benchmark-table/1"
+TABLE_KEYS = {"schema", "script", "command", "section", "machine", "cpu", "gpu", "jax", "date",
+              "notes", "columns", "units", "rows"}
+TABLE_FILES = sorted(p.name for p in DATA.glob("*.json")
+                     if json.loads(p.read_text()).get("schema") == TABLE_SCHEMA)
+# A number as the README prints it: digits grouped by spaces, then the unit "units" names.
+NUMBER = re.compile(r"(\d+(?: \d{3})*(?:\.\d+)?) ?(ms|x|%)?")
+SHAPES = "Every shape: few long systems, one long system, batch-first"
+ACCURACY = "Accuracy against the sequential sweep"
+MODEL = "A GPU model without a GPU"
+
+
+def readme_sections() -> dict[str, list[str]]:
+    """The lines under each `## ` or `### ` heading of benchmarks/README.md, by heading."""
+    sections, lines = {}, None
+    for line in README.read_text().splitlines():
+        heading = re.match(r"#{2,3} (.+?)\s*$", line)
+        if heading:
+            lines = sections.setdefault(heading[1], [])
+        elif lines is not None:
+            lines.append(line)
+    return sections
+
+
+def readme_tables(lines: list[str]) -> list[tuple[list[str], list[list[str]]]]:
+    """Each markdown table in `lines`: its header cells and the cells of each row."""
+    tables, block = [], []
+    for line in [*lines, ""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif block:
+            assert set("".join(block[1])) <= set("-: "), block[1]  # the delimiter row
+            tables.append((block[0], block[2:]))
+            block = []
+    return tables
+
+
+def measured_on(lines: list[str]) -> str:
+    """The section's text from its "Machine:" line on, with the lines joined."""
+    text = " ".join(" ".join(lines).split())
+    assert "Machine:" in text
+    return text[text.index("Machine:"):]
+
+
+def test_readme_helpers_read_a_table():
+    lines = ["text", "| a | b |", "|---|---:|", "| x | 1 000 ms |", "", "more"]
+    assert readme_tables(lines) == [(["a", "b"], [["x", "1 000 ms"]])]
+    assert NUMBER.fullmatch("1 000 ms").groups() == ("1 000", "ms")
+    assert NUMBER.fullmatch("(4096, 1024)") is None and NUMBER.fullmatch("10 x 10") is None
+
+
+def test_every_readme_table_has_its_data():
+    assert TABLE_FILES, "no benchmarks/data/*.json of the README's tables"
+    sections = readme_sections()
+    backed = {json.loads((DATA / name).read_text())["section"] for name in TABLE_FILES}
+    for heading, lines in sections.items():
+        if readme_tables(lines):
+            assert heading in backed | {SHAPES, ACCURACY, MODEL}, f"{heading!r}: a table without data"
+    text = README.read_text()
+    for name in TABLE_FILES:  # the guide names each file, so a reader finds the data
+        assert f"`{name}`" in text, name
+
+
+@pytest.mark.parametrize("name", TABLE_FILES)
+def test_readme_table_agrees_with_its_data(name):
+    data = json.loads((DATA / name).read_text())
+    assert set(data) == TABLE_KEYS, set(data) ^ TABLE_KEYS
+    assert (ROOT / "benchmarks" / data["script"]).is_file()
+    assert f"python benchmarks/{data['script']}" in data["command"]
+    assert (data["cpu"] is None) != (data["gpu"] is None), "a CPU or a GPU"
+    assert (data["cpu"] or data["gpu"]) in data["machine"] and f"jax {data['jax']}" in data["machine"]
+    datetime.date.fromisoformat(data["date"])
+    lines = readme_sections()[data["section"]]
+    assert f"python benchmarks/{data['script']}" in " ".join(lines)
+    machine = measured_on(lines)
+    assert f"jax {data['jax']}" in machine and f"measured {data['date']}" in machine, machine[:300]
+
+    tables = [rows for header, rows in readme_tables(lines) if header == data["columns"]]
+    assert len(tables) == 1, f"{data['section']!r}: no table with the columns {data['columns']}"
+    (rows,) = tables
+    assert len(data["units"]) == len(data["columns"])
+    assert len(rows) == len(data["rows"]), (len(rows), len(data["rows"]))
+    for cells, values in zip(rows, data["rows"]):
+        assert len(cells) == len(values) == len(data["columns"]), cells
+        for column, cell, value, unit in zip(data["columns"], cells, values, data["units"]):
+            if isinstance(value, str):
+                assert cell == value, (column, cells)
+                continue
+            number = NUMBER.fullmatch(cell)
+            assert number, (column, cell)
+            assert float(number[1].replace(" ", "")) == value, (column, cells, values)
+            assert number[2] == (None if cell == "0" else unit), (column, cell, unit)  # a bare 0: no unit
+
+
+def _runs(pattern):
+    return [json.loads(p.read_text()) for p in sorted((DATA / "sweep_order").glob(pattern))]
+
+
+def test_readme_shape_table_is_its_runs():
+    # ms: the minimum over the two runs of this code; / floor: that over the smallest floor
+    # timed in the hour (the floor is an XLA op: the runs of the code before count too).
+    lines = readme_sections()[SHAPES]
+    ((header, rows),) = readme_tables(lines)
+    assert header == ["data"] + [f"{dtype} {column}" for dtype in ("float32", "float64")
+                                 for column in ("ms", "/ floor", "fwd+grad ms")]
+    for dtype, cols in (("float32", slice(1, 4)), ("float64", slice(4, 7))):
+        after, before = _runs(f"shapes_cpu_after_{dtype}_*.json"), _runs(f"shapes_cpu_before_{dtype}_*.json")
+        assert len(after) == len(before) == 2
+        for run in after:
+            assert f"measured {run['meta']['date'][:10]}" in measured_on(lines)
+
+        def best(runs, case, method, grad):
+            return min(r["ms"] for run in runs for r in run["rows"]
+                       if (r["case"], r["method"], r["grad"], r["dtype"]) == (case, method, grad, dtype))
+
+        assert [c[0] for c in rows] == list(dict.fromkeys(r["case"] for r in after[0]["rows"]))
+        for cells in rows:
+            ms, ratio, grad = cells[cols]
+            forward = best(after, cells[0], "tridiax", False)
+            floor = best(after + before, cells[0], "floor", False)
+            assert ms == f"{forward:.1f}", (dtype, cells)
+            assert ratio == f"{forward / floor:.2f}x", (dtype, cells)
+            assert grad == f"{best(after, cells[0], 'tridiax', True):.0f}", (dtype, cells)
+
+
+def _accuracy_plan(row):
+    """The README's name of the plan a row of accuracy_cpu.json measured."""
+    kind, layout = row["kind"], row["case"].rsplit(" ", 1)[1]
+    how = "whole" if row["plan"].startswith("whole") else "chunked"
+    if kind == "thomas":
+        return f"{how}, " + {"rows": "batch-first", "columns": "along axis 0", "one": "one system"}[layout]
+    if kind in ("factored", "sharded"):
+        return kind
+    if kind == "periodic_pivoted":
+        return "periodic pivoted"
+    return f"{kind}, {how}"
+
+
+def test_readme_accuracy_table_is_accuracy_cpu_json():
+    data = json.loads((DATA / "accuracy_cpu.json").read_text())
+    worst = {}
+    for r in data["rows"]:
+        key = (_accuracy_plan(r), r["dtype"], r["method"])
+        worst[key] = max(worst.get(key, 0.0), r["error_ratio"])
+    lines = readme_sections()[ACCURACY]
+    assert f"measured {data['meta']['date'][:10]}" in measured_on(lines)
+    ((header, rows),) = readme_tables(lines)
+    columns = [tuple(column.split()) for column in header[1:]]  # (dtype, backend)
+    plans = [cells[0].split(" (")[0] for cells in rows]
+    assert sorted(plans) == sorted({plan for plan, _, _ in worst})
+    for plan, cells in zip(plans, rows):
+        for (dtype, backend), cell in zip(columns, cells[1:]):
+            if cell == "-":  # not measured; the sharded solve runs alike whatever the backend
+                assert (plan, dtype, backend) not in worst or (plan == "sharded" and backend != "native")
+            else:
+                assert cell == f"{worst[plan, dtype, backend]:.2f}", (plan, dtype, backend)
+
+
+def test_readme_model_table_is_gpu_model_h100_json():
+    data = json.loads((DATA / "gpu_model_h100.json").read_text())
+    current = data["current"]
+    lines = readme_sections()[MODEL]
+    assert data["meta"]["date"][:10] in measured_on(lines)
+    ((header, rows),) = readme_tables(lines)
+    assert [cells[0] for cells in rows] == list(current["ratio"])
+    for cells in rows:
+        row = dict(zip(header, cells))
+        ratio = current["ratio"][cells[0]]
+        assert row["modelled / floor"] == f"{ratio:.2f}x", cells
+        assert row["fwd+grad / fwd"] == f"{current['grad_ratio'][cells[0]]:.2f}x", cells
+        assert row["meets"] == ("yes" if ratio <= float(row["goal"].rstrip("x")) else "no"), cells
+
+
+def test_h100_table_is_the_run_the_model_is_fitted_to():
+    measured = json.loads((DATA / "gpu_model_h100.json").read_text())["measured_commit"]["measured"]
+    h100 = json.loads((DATA / "gpu_h100.json").read_text())
+    column = h100["columns"].index
+    assert [row[0] for row in h100["rows"]] == list(measured)
+    for row in h100["rows"]:
+        assert [row[column("tridiax ms")], row[column("floor ms")]] == measured[row[0]][:2], row

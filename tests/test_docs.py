@@ -74,8 +74,12 @@ def test_docstrings_name_the_kernels_that_run():
 
 
 def test_benchmarks_readme_is_a_guide_for_users():
+    # The docs site's Performance page: how fast tridiax is now, on which machine, and how to
+    # measure it. How it got there is in git, not in the guide.
     text = (ROOT / "benchmarks" / "README.md").read_text()
+    assert len(text.splitlines()) < 300, "a guide, not a log: under 300 lines"
     scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    scripts += ["gpu_report.py", "gpu_model.py"]
     sections = re.split(r"^## ", text, flags=re.M)[1:]
     for script in scripts:  # each benchmark: a section with its command, machine and table
         section = next((s for s in sections if f"python benchmarks/{script}" in s), None)
@@ -83,8 +87,12 @@ def test_benchmarks_readme_is_a_guide_for_users():
         assert re.search(r"\| ?-{3}", section), f"{script}: no table"
         assert "Machine:" in section and "jax " in section, f"{script}: no machine line"
         assert "**Conclusion" in section, f"{script}: no conclusion"
-    for phrase in ("issue", "lent to", "/tmp", "this session"):  # no development log
+    headings = re.findall(r"^#+ .*$", text, flags=re.M)
+    assert not [h for h in headings if "(20" in h], "dated headings: a date belongs to a measurement"
+    for phrase in ("issue", "lent to", "/tmp", "session", "later", "→", "->"):  # no development log
         assert phrase not in text.lower(), phrase
+    hashes = re.findall(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", text)
+    assert not hashes, f"commit hashes: {hashes}"
 
 
 def test_scipy_banded_layout_conversion_in_the_docstring():
