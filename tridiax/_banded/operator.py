@@ -52,7 +52,7 @@ class Banded(eqx.Module):
     matrix, `(N, B)` with `axis=0` for B matrices, `(N, 1)` with `axis=0` for one matrix
     shared by the B columns of an `(N, B)` right-hand side). A right-hand side with more
     leading dimensions is aligned with the bands at the right; a non-negative `axis` that
-    could count in either is refused, with both readings (docs/guides/tridiagonal.md, "Shapes and axis").
+    could count in either is refused, with both readings ([Shapes and axis](../guides/tridiagonal.md#shapes-and-axis)).
 
     **Operations:** `A.mv(x)`, `A.T` (the (u, l) band of the transpose), `A.as_matrix()`
     (dense, `batch + (N, N)`), `A.solve(rhs, pivoting=True, check=False)`,

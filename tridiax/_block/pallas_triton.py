@@ -28,15 +28,14 @@ Loads and stores: a block row's k*k (k*m) entries are one masked load or store o
 (length, bp, bq) tensor per power-of-two piece of their count (one for k = 2, 4, 8; 8 + 1 for
 k = 3), split into entries in registers (`_unstack`: Triton splits pairs) or joined
 (`_stack`). Triton's coalescing pass walks the whole loop body for each load and store, so
-its time grows as (memory operations) x (operations): with a load per entry k = 8 compiled in
-2-3 minutes, in pieces in 10-20 s (k <= 4: about a second).
+its time grows as (memory operations) x (operations), which a load per entry would make
+quadratic in k^2.
 
 Tiles: `default_tiles` gives two systems per thread (64-system tiles) for k = 1 and one system
 per thread (32-system tiles) otherwise, the fewest registers a thread can have here; they still
-grow as k^2 (the carried E[i-1] alone is k*k values per system). On an H100
-(`python tests/test_block_pallas.py [dtype]`) k <= 4 compiles without spills in float32,
-float64 and complex64; k = 8 uses all 255 registers and spills (a little in float32, a few KB
-in float64).
+grow as k^2 (the carried E[i-1] alone is k*k values per system), which is why larger blocks
+run XLA's loop by default (`_core/backend.py`, PALLAS_BLOCK_LIMIT; tests/test_block_pallas.py
+compiles each k for an H100 and reads its registers and spills).
 """
 
 from __future__ import annotations

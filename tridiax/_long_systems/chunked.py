@@ -99,10 +99,9 @@ def solve(kernels, l, d, u, b, *, plan: _planner.Plan, transposed: bool, kind: s
 
 # The largest backward error, in units of the compute dtype's epsilon, that a chunked pivoted
 # solve may return (`separator_backward_error`); above it, or NaN, the systems are solved
-# again whole. The sequential sweep itself (LAPACK's order) is not below it everywhere: on 1-D
-# Helmholtz systems of 10^6 rows (benchmarks/bench_pivoting.py --long) it left 12-25 epsilons
-# in float64 and 12-1082 in float32, the chunks 12-177 and 12-76, the bound at the separators
-# within 2% of the full residual's.
+# again whole. The bound leaves room above the sequential sweep's own backward error (LAPACK's
+# order), which is not a few epsilons everywhere either: on long indefinite systems (1-D
+# Helmholtz, `benchmarks/bench_pivoting.py --long`) it reaches hundreds in float32.
 PIVOTED_BACKWARD_ERROR = 256
 
 
@@ -121,7 +120,7 @@ def separator_backward_error(l, d, u, b, x, *, chunk: int, transposed: bool) -> 
     error (Rigal and Gaches) wherever it exceeds the interiors' rounding. The norms are taken
     over the separator rows and their neighbours only, lower bounds of the true norms, so the
     bound errs on the side of solving again. It reads C rows per system instead of the N
-    that a full residual would (an XLA reduction over all rows cost 3x the chunked solve).
+    that a full residual would (a reduction over all rows would read every operand again).
     What it cannot see: a value that overflows inside an interior's back substitution and
     reaches neither row 0 nor a separator's neighbour (the substitution carries it towards the
     chunk's first row, which is a separator's neighbour in every chunk but the first: row 0
@@ -181,8 +180,8 @@ def solve_any(kernels, l, d, u, b, *, plan, transposed: bool, kind: str, out_dty
                     l, d, u, b, transposed=transposed, out_dtype=cdt, kind=kind,
                     tiling=whole.tiling)
 
-            # A loop that runs at most once keeps x in its buffer; lax.cond copied it into the
-            # conditional's output (3-5 ms of a 30 ms solve of 10^7 float32 rows, 2-core Zen 4).
+            # A loop that runs at most once keeps x in its buffer; lax.cond would copy it into
+            # the conditional's output.
             _, x = lax.while_loop(lambda state: state[0], sequential, (failed, x))
         return x.astype(out_dtype)
     return kernels.solve(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind,

@@ -18,7 +18,7 @@ class LinearRecurrence(eqx.Module):
 
     `LinearRecurrence(axis=0, reverse=False)(a, x, initial=None, final_only=False)`: `axis`
     is a dimension of the broadcast shape of `a` and `x`, as for every tridiax call
-    (docs/guides/tridiagonal.md, "Shapes and axis").
+    ([Shapes and axis](../guides/tridiagonal.md#shapes-and-axis)).
     """
 
     axis: int = eqx.field(static=True, default=0)

@@ -47,11 +47,11 @@ def solve_tridiagonal(
       side with one matrix (read, never copied B times); a band of size 1 along `axis` is
       constant along the systems. Bands of shape `(N,)` lie along the last axis: for systems
       along axis 0 of an `(N, B)` right-hand side they must be `(N, 1)`, and the error says
-      so. The whole rule: docs/guides/tridiagonal.md, "Shapes and axis".
+      so. The whole rule: [Shapes and axis](../guides/tridiagonal.md#shapes-and-axis).
     - `axis`: the axis the systems lie along (negative counts from the end).
     - `pivoting`: eliminate with row interchanges (partial pivoting, one fill-in diagonal, as
       LAPACK's gtsv): accurate for any nonsingular matrix (backward error of order eps*N),
-      at about 1.2x the cost of the unpivoted solve on CPU (benchmarks/README.md).
+      at about 1.2x the cost of the unpivoted solve on CPU ([Performance](../performance.md)).
     - `check`: after the solve, count the systems whose solution is not finite or whose
       backward error ||b - Ax|| / (||A|| ||x|| + ||b||) exceeds sqrt(eps), and raise an error
       saying how many failed and what to do: `tridiax.BreakdownError` when called eagerly;
@@ -129,7 +129,7 @@ def solve_periodic_tridiagonal(
     - `pivoting`: eliminate T' with partial pivoting (as `solve_tridiagonal(...,
       pivoting=True)`), for cyclic matrices that are not diagonally dominant. Costs 1.9-3.7x
       a pivoted solve on CPU (both right-hand sides through the pivoted kernel, then the
-      correction; benchmarks/README.md).
+      correction; [Performance](../performance.md)).
 
     **Returns:** `x` with the broadcast shape of the inputs.
 

@@ -9,8 +9,7 @@ into b_bar = A^{-T} x_bar, and this term into the band cotangents
 solve with A^T, b_bar and x swap places in the first and last). Left to JAX's transposition of
 the product (`_bands.matvec`), XLA:CPU forms them in three loops that each read b_bar and x
 (6 array reads, 3 writes). Here the transpose binds `band_cotangents_p`, which the native CPU
-kernel runs as one pass (2 reads, 3 writes): 3-10% off a gradient with respect to every
-band (benchmarks/README.md, "Gradients, tanh, recurrence tiles and float64 chunks"). It falls
+kernel runs as one pass (2 reads, 3 writes). It falls
 back to XLA's loops, the same values, wherever the kernel does not apply: another platform or
 backend, a dtype the kernel lacks, a program partitioned over devices (XLA's partitioner
 exchanges the neighbours), and bands broadcast against the others (whose cotangents are sums,

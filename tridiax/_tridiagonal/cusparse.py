@@ -1,12 +1,10 @@
 """Few long systems on NVIDIA GPUs: cuSPARSE's gtsv2 through `lax.linalg.tridiagonal_solve`.
 
-On an H100 (jax 0.11.2, float32; benchmarks/README.md, "On an H100") cuSPARSE beat the
-partition method composed around the Pallas Triton kernel wherever the systems were few and
-long: one system of 10^7 rows 0.94 against 3.92 ms; 64 batch-first systems of 10^6 rows 3.6
-against 36 ms (read in place, before `_planner.gpu_columns`); (N, B) = (10^5, 64) and
-(10^4, 1 000) along axis 0 1.6-1.9x faster, and (10^6, 128) even, counting the transposes it
-needs there. The planner (`_planner.gpu_library`) sends the plain solves of that regime here;
-the Pallas kernels keep the rest (many systems, where they are faster, and the other kinds).
+Where the systems are few and long, too few to give every GPU thread a system of its own,
+cuSPARSE's batched cyclic reduction beats the partition method composed around the Pallas
+Triton kernel (the H100 measurements are in benchmarks/data/gpu_h100.json). The planner
+(`_core/planner.py`, `gpu_library`) sends the plain solves of that regime here; the Pallas
+kernels keep the rest (many systems, and the other kinds).
 
 What cuSPARSE runs (jaxlib's gtsv2 handler): one system, or one matrix for several columns,
 is gtsv2 (Gaussian elimination with partial pivoting in blocks); several systems of one

@@ -40,7 +40,7 @@ class Tridiagonal(eqx.Module):
       right-hand side with more (leading) dimensions than the bands is aligned with them at
       the right, as NumPy broadcasts: a negative `axis` (counted from the end) then means the
       same dimension in both; a non-negative one is ambiguous there and raises an error that
-      shows both readings (docs/guides/tridiagonal.md, "Shapes and axis").
+      shows both readings ([Shapes and axis](../guides/tridiagonal.md#shapes-and-axis)).
     - `periodic`: cyclic matrices (rings, periodic grids, closed splines).
 
     Checked when built: floating or complex dtypes, shapes that broadcast, `axis` in range,
@@ -250,7 +250,7 @@ class TDMA(eqx.Module):
       not diagonally dominant; see `tridiax.solve_tridiagonal` (periodic operators:
       `tridiax.solve_periodic_tridiagonal`).
     - `check`: raise an error counting the systems that failed (`tridiax.solve_tridiagonal`).
-    - `chunk`: how long systems are split (docs/guides/long-systems.md). None lets the planner
+    - `chunk`: how long systems are split ([Long systems](../guides/long-systems.md)). None lets the planner
       decide from the shape, dtype and device (few long systems are split into chunks solved
       as one batch by the partition method); 0 never splits; an int >= 2 asks for chunks of
       about that many rows. Unpivoted chunking needs every chunk's interior matrix
