@@ -61,9 +61,9 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from ._banded.api import solve_banded
+from ._block import algebra as _block_algebra
 from ._block.api import solve_block_tridiagonal
 from ._core import backend as _backend
-from ._core import band_algebra as _bands
 from ._tridiagonal.api import solve
 
 __all__ = ["Banded", "BlockTDMA", "BlockTridiagonalLinearOperator", "TDMA"]
@@ -330,7 +330,7 @@ class BlockTridiagonalLinearOperator(lx.AbstractLinearOperator):
         n, k = self.diag.shape[:2]
         x = vector.reshape(n, k, 1)
         dtype = jnp.result_type(self.diag, x)
-        return _bands.block_matvec(*(b.astype(dtype) for b in self._blocks()), x.astype(dtype),
+        return _block_algebra.matvec(*(b.astype(dtype) for b in self._blocks()), x.astype(dtype),
                                    axis=0).reshape(n * k)
 
     def as_matrix(self):

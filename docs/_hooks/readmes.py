@@ -1,5 +1,6 @@
-"""mkdocs hook: the Examples and Performance pages are examples/README.md and
-benchmarks/README.md, read at build time, so the site and the READMEs cannot drift apart.
+"""mkdocs hook: the Examples, Performance and Architecture pages are examples/README.md,
+benchmarks/README.md and tridiax/README.md, read at build time, so the site and the READMEs
+cannot drift apart.
 
 Rewritten on the way: links to a script (`[heat_1d.py](heat_1d.py)`) become its path in code
 (the site does not serve the scripts), figures point at examples/figures/ (served by
@@ -37,6 +38,7 @@ def _performance(text: str) -> str:
 PAGES = {
     "examples.md": (ROOT / "examples" / "README.md", _examples),
     "performance.md": (ROOT / "benchmarks" / "README.md", _performance),
+    "architecture.md": (ROOT / "tridiax" / "README.md", lambda text: text),
 }
 
 

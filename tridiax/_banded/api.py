@@ -14,10 +14,11 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
-from .._core.check import BreakdownMessages, count_banded_failures, messages_for, run_checked
+from .._core.check import BreakdownMessages, messages_for, run_checked
 from .._core.inputs import Plan, plan_of, read, x64_enabled
+from . import algebra
 from .primitive import banded_solve_p
 
 _NAMES = ("ab (each band)", "b")
@@ -208,14 +209,14 @@ def _compute(call: _BandedCall, ab, b):
                             backend=call.backend, kind=call.kind)
     if not call.check:
         return x
-    return x, count_banded_failures(x, ab, b, l=call.l, u=call.u, axis=p.axis)
+    return x, algebra.count_failures(x, ab, b, l=call.l, u=call.u, axis=p.axis)
 
 
 def hermitian_bands(ab: Array, *, lower: bool, axis: int, n: int) -> Array:
     """The (2u + 1)-band general layout of the Hermitian matrix whose upper (or lower)
     triangle `ab` holds in scipy's solveh_banded layout ((u + 1, ...), rows along `axis`)."""
     u = ab.shape[0] - 1
-    rows = [_bands.broadcast_along(ab[k], axis - 1, n) for k in range(u + 1)]
+    rows = [_along.broadcast_along(ab[k], axis - 1, n) for k in range(u + 1)]
     diagonal = rows[0 if lower else u]
     if jnp.iscomplexobj(diagonal):
         diagonal = diagonal.real.astype(ab.dtype)
@@ -229,7 +230,7 @@ def hermitian_bands(ab: Array, *, lower: bool, axis: int, n: int) -> Array:
         else:  # the conjugate of the stored A[j, i] = A[j, j - s], |s| away along the axis
             t = abs(s)
             stored = rows[t] if lower else rows[u - t]
-            shifted = _bands.shift(stored, -t if not lower else t, axis - 1) if t < n else \
+            shifted = _along.shift(stored, -t if not lower else t, axis - 1) if t < n else \
                 jnp.zeros_like(stored)
             full.append(jnp.conj(shifted))
     return jnp.stack(full)

@@ -18,12 +18,13 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from .._core import band_algebra as _bands
+from .._core import along_axis as _along
 from .._core import dispatch as _dispatch
 from .._core import layout as _layout
 from .._core import not_lineax as _not_lineax
 from .._core.dtypes import compute_dtype
 from .._core.inputs import check_operator_rank, plan_of, read
+from . import algebra
 from . import xla as _xla_banded
 from .api import check_bandwidths, solve
 
@@ -118,7 +119,7 @@ class Banded(eqx.Module):
         ndim = max(x.ndim, self.ab.ndim - 1)
         ab = self._bands_for(ndim)
         x = jnp.broadcast_to(x, np.broadcast_shapes(ab.shape[1:], x.shape))
-        return _bands.banded_matvec(ab.astype(jnp.result_type(ab, x)), x, l=self.l, u=self.u,
+        return algebra.matvec(ab.astype(jnp.result_type(ab, x)), x, l=self.l, u=self.u,
                                     axis=ndim + from_end)
 
     @property
@@ -134,7 +135,7 @@ class Banded(eqx.Module):
             elif abs(t) >= n:
                 rows.append(jnp.zeros_like(source))
             else:
-                rows.append(_bands.shift(source, -t, axis - 1))
+                rows.append(_along.shift(source, -t, axis - 1))
         return Banded(jnp.stack(rows), (self.u, self.l), axis=self.axis)
 
     def as_matrix(self) -> Array:
@@ -144,7 +145,7 @@ class Banded(eqx.Module):
         bands = jnp.moveaxis(self.ab, axis + 1, -1)  # (K, *batch, N): bands[k, ..., j]
         rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
         out = jnp.zeros(bands.shape[1:-1] + (n, n), self.ab.dtype)
-        for k, s in enumerate(_bands.band_offsets(self.l, self.u)):
+        for k, s in enumerate(algebra.band_offsets(self.l, self.u)):
             out = out + jnp.where(rows - cols == s, bands[k][..., None, :], 0)
         return out
 
@@ -255,7 +256,7 @@ class BandedFactorization(eqx.Module):
             return run
 
         def matvec(v):
-            return _bands.banded_matvec(ab, v, l=op.l, u=op.u, axis=axis,
+            return algebra.matvec(ab, v, l=op.l, u=op.u, axis=axis,
                                         transposed=self.transposed)
 
         return lax.custom_linear_solve(matvec, b, solve=lambda _, v: factored(self.transposed)(v),

@@ -8,7 +8,7 @@ same bands), `backend` (None: per platform, `_core/backend.py`) and `kind` (`_xl
 Differentiation is implicit, as for the tridiagonal solve (`_tridiagonal/primitive.py`):
     d x = A^{-1} (d b - dA x)          (JVP: one more solve with the same bands)
     b_bar = A^{-T} x_bar,  ab_bar[u + i - j, j] = -b_bar[i] x[j]   (transpose of the JVP)
-The JVP's dA x is `_bands.banded_matvec`, plain jnp, so JAX transposes it into that ab_bar
+The JVP's dA x is `algebra.matvec`, plain jnp, so JAX transposes it into that ab_bar
 (zero on the entries of ab outside the matrix); the transposed solve is the same kernel
 reading the band of A^T. Second order composes from the same rules; the batching rule adds a
 vmapped dimension as one more batch dimension of b (and of ab, after its band axis).
@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import layout as _layout
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
 from .._core.primitive import solve_primitive
+from . import algebra
 
 
 def _full_shape(ab, b) -> tuple[int, ...]:
@@ -65,7 +65,7 @@ def _lowering(platform: str):
 def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind):
     del backend, kind
     (ab_t,) = tangents
-    return -_bands.banded_matvec(ab_t, x, l=l, u=u, axis=axis, transposed=transposed)
+    return -algebra.matvec(ab_t, x, l=l, u=u, axis=axis, transposed=transposed)
 
 
 def _align_batch(operands, dims, axis):

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
-from .._core.check import BreakdownMessages, count_block_failures, messages_for, run_checked
+from .._core.check import BreakdownMessages, messages_for, run_checked
 from .._core.inputs import Plan, plan_of, read, x64_enabled
+from . import algebra
 from .primitive import block_solve_p
 
 _NAMES = ("lower", "diag", "upper", "rhs")
@@ -248,7 +249,7 @@ def _compute(call: _BlockCall, lower, diag, upper, rhs):
     out = x[..., 0] if call.m is None else x
     if not call.check:
         return out
-    return out, count_block_failures(x, lower, diag, upper, b, axis=p.axis)
+    return out, algebra.count_failures(x, lower, diag, upper, b, axis=p.axis)
 
 
 def hermitian_upper(lower: Array, axis: int) -> Array:
@@ -256,4 +257,4 @@ def hermitian_upper(lower: Array, axis: int) -> Array:
     upper = jnp.conj(jnp.swapaxes(lower, -1, -2))
     if lower.shape[axis] == 1:
         return upper
-    return _bands.shift(upper, -1, axis)
+    return _along.shift(upper, -1, axis)

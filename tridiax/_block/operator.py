@@ -16,11 +16,12 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from .._core import band_algebra as _bands
+from .._core import along_axis as _along
 from .._core import dispatch as _dispatch
 from .._core import not_lineax as _not_lineax
 from .._core.dtypes import compute_dtype
 from .._core.inputs import read, signature
+from . import algebra
 from . import xla as _xla_block
 from .api import block_size, read_rhs, solve
 from .primitive import to_pnq_blocks
@@ -109,7 +110,7 @@ class BlockTridiagonal(eqx.Module):
         xm = xm.astype(dtype).reshape((1,) * (ndim - xm.ndim) + xm.shape)
         full = tuple(np.broadcast_shapes(*(b.shape[:-2] for b in blocks), xm.shape[:-2]))
         xm = jnp.broadcast_to(xm, full + xm.shape[-2:])
-        out = _bands.block_matvec(*blocks, xm, axis=len(full) + self.axis)
+        out = algebra.matvec(*blocks, xm, axis=len(full) + self.axis)
         return out[..., 0] if m is None else out
 
     @property
@@ -122,7 +123,7 @@ class BlockTridiagonal(eqx.Module):
         def moved(block, by):  # block[i - by]^T along the axis (the same block if constant)
             block = jnp.swapaxes(block, -1, -2)
             block = block.reshape((1,) * (len(systems) + 2 - block.ndim) + block.shape)
-            return block if block.shape[axis] == 1 else _bands.shift(block, by, axis)
+            return block if block.shape[axis] == 1 else _along.shift(block, by, axis)
 
         return BlockTridiagonal(moved(self.upper, 1), jnp.swapaxes(self.diag, -1, -2),
                                 moved(self.lower, -1), axis=self.axis)
@@ -252,7 +253,7 @@ class BlockTridiagonalFactorization(eqx.Module):
             return run
 
         def matvec(v):
-            return _bands.block_matvec(*blocks, v, axis=axis, transposed=self.transposed)
+            return algebra.matvec(*blocks, v, axis=axis, transposed=self.transposed)
 
         x = lax.custom_linear_solve(matvec, b, solve=lambda _, v: factored(self.transposed)(v),
                                     transpose_solve=lambda _, v: factored(

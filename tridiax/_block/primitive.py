@@ -10,7 +10,7 @@ Differentiation is implicit, as for the tridiagonal solve (`_tridiagonal/primiti
     d x = A^{-1} (d b - dA x)          (JVP: one more solve with the same blocks)
     b_bar = A^{-T} x_bar,  diag_bar[i] = -b_bar[i] x[i]^T,  lower_bar[i] = -b_bar[i] x[i-1]^T,
     upper_bar[i] = -b_bar[i] x[i+1]^T                          (transpose of the JVP)
-The JVP's dA x is `_bands.block_matvec`, plain jnp, so JAX transposes it into those block
+The JVP's dA x is `algebra.matvec`, plain jnp, so JAX transposes it into those block
 cotangents (zero for lower[0] and upper[N-1]); the transposed solve is the same kernel reading
 the blocks of A^T. Second order composes from the same rules; the batching rule makes a vmapped
 dimension one more batch dimension (moving it only when it was one of the block dimensions).
@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import layout as _layout
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
 from .._core.primitive import solve_primitive
+from . import algebra
 
 
 def _systems_shape(*operands) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def _lowering(platform: str):
 
 def _jvp_term(tangents, x, *, axis, transposed, backend, kind):
     del backend, kind
-    return -_bands.block_matvec(*tangents, x, axis=axis, transposed=transposed)
+    return -algebra.matvec(*tangents, x, axis=axis, transposed=transposed)
 
 
 def _align_batch(operands, dims, axis):
@@ -79,7 +80,7 @@ def _align_batch(operands, dims, axis):
     for k, (x, d) in enumerate(zip(operands, dims, strict=True)):
         if d is not None and d > x.ndim - 3:
             operands[k], dims[k] = jnp.moveaxis(x, d, 0), 0
-    return _bands.align_batch(operands, dims, axis, preferred=3)
+    return _along.align_batch(operands, dims, axis, preferred=3)
 
 
 block_solve_p = solve_primitive(

@@ -32,7 +32,6 @@ from jax import Array, lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import band_algebra as _bands
 from . import dispatch as _dispatch
 
 
@@ -120,58 +119,14 @@ class BreakdownMessages(Sequence):
             "formulation; if the inputs hold inf/NaN, fix those.")
 
 
-def count_failures(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array, *, axis: int,
-                   periodic: bool) -> Array:
-    """The number of systems whose solution `x` failed (see module), as an int32 scalar."""
-    shape = x.shape
-    n = shape[axis]
-    lower, diag, upper, rhs, x = _uncounted(lower, diag, upper, rhs, x)
-    residual = rhs - _bands.matvec(lower, diag, upper, x, axis=axis, periodic=periodic)
-    # ||A||_inf: lower[0] and upper[N-1] are outside a non-periodic matrix, whatever they hold.
-    row = jnp.arange(n).reshape([n if k == axis else 1 for k in range(len(shape))])
-    lower, upper = jnp.abs(lower), jnp.abs(upper)
-    if not periodic:
-        lower, upper = jnp.where(row > 0, lower, 0), jnp.where(row < n - 1, upper, 0)
-    return _count(x, rhs, residual, lower + jnp.abs(diag) + upper, axis=axis)
-
-
-def count_banded_failures(x: Array, ab: Array, rhs: Array, *, l: int, u: int, axis: int) -> Array:
-    """`count_failures` for the banded matrix of scipy's layout `ab` (`_bands.banded_matvec`)."""
-    ab, rhs, x = _uncounted(ab, rhs, x)
-    residual = rhs - _bands.banded_matvec(ab, x, l=l, u=u, axis=axis)
-    return _count(x, rhs, residual, _bands.banded_row_sums(ab, x.shape, l=l, u=u, axis=axis),
-                  axis=axis)
-
-
-def count_block_failures(x: Array, lower: Array, diag: Array, upper: Array, rhs: Array, *,
-                         axis: int) -> Array:
-    """`count_failures` for block-tridiagonal systems: blocks (..., k, k), x and rhs (..., k,
-    m); the m columns of one system count together."""
-    lower, diag, upper, rhs, x = _uncounted(lower, diag, upper, rhs, x)
-    residual = rhs - _bands.block_matvec(lower, diag, upper, x, axis=axis)
-    n = x.shape[axis]
-    rows = jnp.arange(n).reshape([n if d == axis else 1 for d in range(x.ndim)])
-    row_sums = (jnp.abs(jnp.where(rows > 0, lower, 0)) + jnp.abs(diag)
-                + jnp.abs(jnp.where(rows < n - 1, upper, 0))).sum(-1)  # (..., k)
-
-    def largest(v, dims):  # max |v| over the block dimensions (NaN and inf stay)
-        return jnp.max(jnp.abs(v), axis=dims)
-
-    shape = x.shape[:-2]
-    x_, r_, b_, a_ = (jnp.broadcast_to(v, shape) for v in (
-        largest(x, (-2, -1)), largest(residual, (-2, -1)), largest(rhs, (-2, -1)),
-        largest(row_sums, -1)))
-    return _count(x_, b_, r_, a_, axis=axis)
-
-
-def _uncounted(*arrays):
+def uncounted(*arrays):
     """The count is not differentiated: no tangents or cotangents for its arithmetic, which
     runs in at least float32."""
     compute = jnp.promote_types(arrays[-1].dtype, jnp.float32)
     return [lax.stop_gradient(v).astype(compute) for v in arrays]
 
 
-def _count(x: Array, rhs: Array, residual: Array, row_sums: Array, *, axis: int) -> Array:
+def count_failed(x: Array, rhs: Array, residual: Array, row_sums: Array, *, axis: int) -> Array:
     """Systems whose x is not finite or whose normwise backward error ||r|| / (||A|| ||x|| +
     ||b||) (inf-norms per system; ||A|| from the absolute row sums) exceeds the tolerance."""
     shape = x.shape

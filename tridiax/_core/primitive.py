@@ -21,7 +21,7 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from . import band_algebra as _bands
+from . import along_axis as _along
 from . import sharding as _sharding
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -81,7 +81,7 @@ def solve_primitive(name: str, *, solves: str, abstract_eval: Callable,
         if type(x_bar) is ad.Zero:
             return (*none, ad.Zero(rhs.aval))
         b_bar = primitive.bind(*matrix, x_bar, transposed=not transposed, **params)
-        return (*none, _bands.unbroadcast(b_bar, rhs.aval.shape))
+        return (*none, _along.unbroadcast(b_bar, rhs.aval.shape))
 
     def batch(operands: Sequence, dims: Sequence, *, axis: int, **params):
         moved, bdim, axis = align_batch(operands, dims, axis)

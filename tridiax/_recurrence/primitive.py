@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
@@ -140,13 +140,13 @@ def previous_states(h, h0, *, axis, reverse):
     config[axis] = (T - 1, 0, 0) if reverse else (0, T - 1, 0)
     first = jax.lax.pad(jnp.broadcast_to(first, h.shape[:axis] + (1,) + h.shape[axis + 1:]),
                         jnp.zeros((), h.dtype), config)
-    return _bands.shift(h, step, axis) + first
+    return _along.shift(h, step, axis) + first
 
 
 def _coefficients(a, T, *, axis, reverse, shifted):
     """a as applied at each step: a[t], or a at the previous step's index (zero first)."""
-    a = _bands.broadcast_along(a, axis, T)
-    return _bands.shift(a, -1 if reverse else 1, axis) if shifted else a
+    a = _along.broadcast_along(a, axis, T)
+    return _along.shift(a, -1 if reverse else 1, axis) if shifted else a
 
 
 def _last_state(h, axis, reverse):
@@ -276,7 +276,7 @@ def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, bac
         g = gated_recurrence_p.bind(a, h_bar, zero_h0, *states, gate=gate, **params)
     else:
         g = recurrence_p.bind(a, h_bar, zero_h0, activation=None, **params)
-    x_ct = _bands.unbroadcast(g, x_aval.shape) if ad.is_undefined_primal(x) else None
+    x_ct = _along.unbroadcast(g, x_aval.shape) if ad.is_undefined_primal(x) else None
     h0_ct = None
     if ad.is_undefined_primal(h0):
         if shifted:  # the shifted recurrence multiplies h0 by zero
@@ -286,7 +286,7 @@ def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, bac
             a_index = first if a.shape[axis] > 1 else 0
             a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
             g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
-            h0_ct = _bands.unbroadcast(a_first * g_first, h0_aval.shape)
+            h0_ct = _along.unbroadcast(a_first * g_first, h0_aval.shape)
     return (None, x_ct, h0_ct) + (None,) * len(states)
 
 
@@ -296,7 +296,7 @@ ad.primitive_transposes[gated_recurrence_p] = _transpose
 
 def _batcher(primitive):
     def batch(operands, dims, *, axis, **params):
-        moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
+        moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=1)
         return primitive.bind(*moved, axis=axis, **params), bdim
 
     return batch

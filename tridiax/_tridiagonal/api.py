@@ -9,8 +9,9 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from .._core import backend as _backend
-from .._core.check import BreakdownMessages, count_failures, messages_for, run_checked
+from .._core.check import BreakdownMessages, messages_for, run_checked
 from .._core.inputs import Plan, conform, plan_of, read, x64_enabled
+from . import algebra
 from .periodic import is_periodic
 from .primitive import tridiagonal_solve_p
 
@@ -203,7 +204,7 @@ def _compute(call: _SolveCall, *values):
                                  chunk=call.chunk)
     if not call.check:
         return x
-    return x, count_failures(x, *operands, axis=call.plan.axis,
+    return x, algebra.count_failures(x, *operands, axis=call.plan.axis,
                              periodic=is_periodic(call.kind))
 
 

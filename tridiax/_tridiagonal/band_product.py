@@ -7,7 +7,7 @@ into b_bar = A^{-T} x_bar, and this term into the band cotangents
 
 (zero where the neighbour lies outside the system; across the corners when periodic; for a
 solve with A^T, b_bar and x swap places in the first and last). Left to JAX's transposition of
-the product (`_bands.matvec`), XLA:CPU forms them in three loops that each read b_bar and x
+the product (`algebra.matvec`), XLA:CPU forms them in three loops that each read b_bar and x
 (6 array reads, 3 writes). Here the transpose binds `band_cotangents_p`, which the native CPU
 kernel runs as one pass (2 reads, 3 writes). It falls
 back to XLA's loops, the same values, wherever the kernel does not apply: another platform or
@@ -29,12 +29,13 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import layout as _layout
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
 from .._core.primitive import def_jit_impl
+from . import algebra
 
 band_product_p = Primitive("tridiax_band_product")
 band_cotangents_p = Primitive("tridiax_band_cotangents")
@@ -51,7 +52,7 @@ def _product(*operands, axis, transposed, periodic, present, backend):
     """-(dA) x (or -(dA^T) x): operands are the present bands, then x."""
     del backend
     lower, diag, upper = _bands_of(operands[:-1], present)
-    return -_bands.matvec(lower, diag, upper, operands[-1], axis=axis, transposed=transposed,
+    return -algebra.matvec(lower, diag, upper, operands[-1], axis=axis, transposed=transposed,
                           periodic=periodic)
 
 
@@ -105,9 +106,9 @@ def _product_transpose(ct, *operands, axis, transposed, periodic, present, backe
         if any(ad.is_undefined_primal(b) for b in bands):
             raise NotImplementedError("band_product_p is bilinear: one factor must be known")
         lower, diag, upper = _bands_of(bands, present)
-        x_bar = _bands.matvec(lower, diag, upper, -ct, axis=axis, transposed=not transposed,
+        x_bar = algebra.matvec(lower, diag, upper, -ct, axis=axis, transposed=not transposed,
                               periodic=periodic)
-        return [None] * len(bands) + [_bands.unbroadcast(x_bar, x.aval.shape)]
+        return [None] * len(bands) + [_along.unbroadcast(x_bar, x.aval.shape)]
     # Cotangents of the bands: those of the full shape in one pass (band_cotangents_p), those
     # broadcast (summed) or known by JAX's transposition of the product.
     shape = jnp.shape(x)
@@ -149,7 +150,7 @@ ad.primitive_transposes[band_product_p] = _product_transpose
 
 
 def _product_batch(operands, dims, *, axis, **params):
-    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=len(operands) - 1)
+    moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=len(operands) - 1)
     return band_product_p.bind(*moved, axis=axis, **params), bdim
 
 
@@ -217,7 +218,7 @@ ad.primitive_jvps[band_cotangents_p] = _cotangents_jvp
 
 
 def _cotangents_batch(operands, dims, *, axis, **params):
-    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=0)
+    moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=0)
     shape = _layout.broadcast_shape(*moved)
     moved = [jnp.broadcast_to(v, shape) for v in moved]
     outs = band_cotangents_p.bind(*moved, axis=axis, **params)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from .._core.band_algebra import shift
+from .._core.along_axis import shift
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
 

@@ -32,8 +32,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 from jax.typing import ArrayLike
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import dispatch as _dispatch
 from .._core import layout as _layout
 from .._core import not_lineax as _not_lineax
@@ -42,6 +42,7 @@ from .._core import sharding as _sharding
 from .._core.inputs import check_operator_rank, conform, plan_of, read
 from .._core.jax_private import ShapedArray
 from .._core.primitive import def_jit_impl
+from . import algebra
 from . import periodic as _periodic
 from .api import check_periodic_size
 from .primitive import tridiagonal_solve_p
@@ -133,7 +134,7 @@ def _solve_with(static, bands, factors, rhs):
     rhs = jnp.broadcast_to(rhs, shape)  # custom_linear_solve maps x and b of one shape
 
     def matvec(x):
-        return jnp.broadcast_to(_bands.matvec(*bands, x, axis=axis, periodic=periodic), shape)
+        return jnp.broadcast_to(algebra.matvec(*bands, x, axis=axis, periodic=periodic), shape)
 
     def solve(_, b):
         return jnp.broadcast_to(_apply_factors(static, factors, b), shape)
@@ -189,14 +190,14 @@ def _factor(call, *bands):
         alpha = lax.slice_in_dim(lo, 0, 1, axis=axis)
         beta = lax.slice_in_dim(up, up.shape[axis] - 1, up.shape[axis], axis=axis)
         gamma = _periodic.split(d0, alpha, lax.slice_in_dim(up, 0, 1, axis=axis))
-        di = _bands.broadcast_along(di, axis, n)
+        di = _along.broadcast_along(di, axis, n)
         d_last = lax.slice_in_dim(di, n - 1, n, axis=axis)
-        di = _bands.set_ends(di, d0 - gamma, d_last - alpha * beta / gamma, axis)
+        di = _along.set_ends(di, d0 - gamma, d_last - alpha * beta / gamma, axis)
     factors = _factor_arrays(lo, di, up, axis, dtype, backend, block)
     correction = weight = None
     if periodic:
         # z = T'^{-1} u with u = (gamma, 0, ..., 0, beta); w = z / (1 + v.z), kappa = alpha/gamma.
-        u = _bands.set_ends(jnp.zeros(full, dtype), gamma, beta, axis)
+        u = _along.set_ends(jnp.zeros(full, dtype), gamma, beta, axis)
         z = _apply_factors((axis, False, backend, block), factors, u)
         weight = alpha / gamma
         denominator = (1 + lax.slice_in_dim(z, 0, 1, axis=axis)
@@ -258,7 +259,7 @@ for _platform in ("cpu", "cuda", "rocm", "tpu"):
 
 
 def _factor_batch(operands, dims, *, axis, backend, block):
-    moved, bdim, axis = _bands.align_batch(operands, dims, axis, preferred=1)
+    moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=1)
     return factor_p.bind(*moved, axis=axis, backend=backend, block=block), [bdim] * 3
 
 

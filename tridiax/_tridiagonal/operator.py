@@ -11,11 +11,12 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import dispatch as _dispatch
 from .._core import not_lineax as _not_lineax
 from .._core.inputs import band_shape, check_operator_rank, conform, operator_axis, plan_of, read
+from . import algebra
 from .api import check_periodic_size, solve
 from .factorization import TridiagonalFactorization, factor
 
@@ -152,7 +153,7 @@ class Tridiagonal(eqx.Module):
         def moved(band, k):
             if band.shape[axis] == 1:
                 return band
-            return _bands.roll(band, k, axis) if self.periodic else _bands.shift(band, k, axis)
+            return _along.roll(band, k, axis) if self.periodic else _along.shift(band, k, axis)
 
         return self._with_bands(moved(up, 1), di, moved(lo, -1))
 
@@ -231,7 +232,7 @@ def _matvec(call, lower, diag, upper, x):
     lower, diag, upper, x = conform((lower, diag, upper, x), p)
     # x broadcast to every row first: matvec reads N from x (an x constant along the axis
     # is still N values).
-    return _bands.matvec(lower, diag, upper, jnp.broadcast_to(x, p.shape), axis=p.axis,
+    return algebra.matvec(lower, diag, upper, jnp.broadcast_to(x, p.shape), axis=p.axis,
                          periodic=periodic)
 
 

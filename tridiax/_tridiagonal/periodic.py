@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
-from .._core import band_algebra as _bands
+from .._core import along_axis as _along
 
 
 def is_periodic(kind: str) -> bool:
@@ -60,14 +60,14 @@ def solve_pivoted(lower: Array, diag: Array, upper: Array, rhs: Array, *, axis: 
     shape = np.broadcast_shapes(lower.shape, diag.shape, upper.shape, rhs.shape)
     n = shape[axis]
     if transposed:  # the bands of A^T, cyclic: lower_T[i] = upper[i-1], upper_T[i] = lower[i+1]
-        lower, upper = (band if band.shape[axis] == 1 else _bands.roll(band, k, axis)
+        lower, upper = (band if band.shape[axis] == 1 else _along.roll(band, k, axis)
                         for band, k in ((upper, 1), (lower, -1)))
     alpha, beta, d0, u0 = (_end(lower, axis, False), _end(upper, axis, True),
                            _end(diag, axis, False), _end(upper, axis, False))
     gamma = split(d0, alpha, u0)
     bands = np.broadcast_shapes(lower.shape, diag.shape, upper.shape)
     diag = jnp.broadcast_to(diag, bands[:axis] + (n,) + bands[axis + 1:])
-    diag = _bands.set_ends(diag, d0 - gamma, _end(diag, axis, True) - alpha * beta / gamma, axis)
+    diag = _along.set_ends(diag, d0 - gamma, _end(diag, axis, True) - alpha * beta / gamma, axis)
     # Both right-hand sides in one launch: stacked on a new leading axis, the bands shared.
     row = lax.broadcasted_iota(jnp.int32, shape, axis)
     u = jnp.where(row == 0, gamma, jnp.where(row == n - 1, beta, 0)).astype(rhs.dtype)

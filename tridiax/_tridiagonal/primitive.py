@@ -35,8 +35,8 @@ import functools
 
 import jax.numpy as jnp
 
+from .._core import along_axis as _along
 from .._core import backend as _backend
-from .._core import band_algebra as _bands
 from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
@@ -122,7 +122,7 @@ def _jvp_term(tangents, x, *, axis, transposed, backend, kind, block, chunk):
 
 
 def _align_batch(operands, dims, axis):
-    return _bands.align_batch(operands, dims, axis, preferred=3)
+    return _along.align_batch(operands, dims, axis, preferred=3)
 
 
 tridiagonal_solve_p = solve_primitive(

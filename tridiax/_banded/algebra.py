@@ -1,0 +1,67 @@
+"""The banded matrix in scipy's layout as an operator: which entries of `ab` lie inside the
+matrix, A x along an axis, the absolute row sums, and `check=True`'s count of failed systems."""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from .._core.along_axis import broadcast_along, shift
+from .._core.check import count_failed, uncounted
+
+
+def band_offsets(l: int, u: int) -> range:
+    """For each row k of scipy's banded layout, ab[k, j] = A[j + (k - u), j]: the row offsets
+    k - u, k = 0..l + u."""
+    return range(-u, l + 1)
+
+
+def inside_band(n: int, l: int, u: int, axis: int, ndim: int) -> Array:
+    """(l + u + 1, ...) booleans, n along `axis` + 1: whether ab[k, j] is an entry of the
+    N x N matrix (0 <= j + k - u < n); scipy ignores the others, and so does tridiax."""
+    j = np.arange(n)
+    mask = np.stack([(j + s >= 0) & (j + s < n) for s in band_offsets(l, u)])
+    return mask.reshape((l + u + 1,) + tuple(n if k == axis else 1 for k in range(ndim)))
+
+
+def matvec(ab: Array, x: Array, *, l: int, u: int, axis: int,
+           transposed: bool = False) -> Array:
+    """A @ x (or A^T @ x) along `axis` for the banded A of scipy's layout ab[u + i - j, j] =
+    A[i, j]; `ab` is (l + u + 1, ...) with its other dimensions broadcasting against `x`.
+
+    Entries of `ab` outside the matrix are never used (selected away, so inf and NaN there do
+    not leak, and their cotangent is zero)."""
+    n = x.shape[axis]
+    ab = jnp.where(inside_band(n, l, u, axis, x.ndim), ab, 0)
+    # Split, not indexed: the transpose of a split is one concatenate, where that of ab[k]
+    # pads each band's cotangent to the whole stack and adds them (K passes over K bands).
+    rows = [r.reshape(r.shape[1:]) for r in jnp.split(ab, ab.shape[0], axis=0)]
+    terms = []
+    for k, s in enumerate(band_offsets(l, u)):
+        if abs(s) >= n:  # a diagonal that lies outside an n x n matrix
+            continue
+        band = broadcast_along(rows[k], axis, n)
+        # A: (A x)[i] = sum_k ab[k, i - s] x[i - s];  A^T: (A^T x)[j] = sum_k ab[k, j] x[j + s].
+        terms.append(shift(band * x, s, axis) if not transposed else band * shift(x, -s, axis))
+    return functools.reduce(operator.add, terms)
+
+
+def row_sums(ab: Array, shape, *, l: int, u: int, axis: int) -> Array:
+    """sum_j |A[i, j]| for every row i, broadcast to `shape` (the inf-norm's row sums)."""
+    n = shape[axis]
+    ab = jnp.abs(jnp.where(inside_band(n, l, u, axis, len(shape)), ab, 0))
+    terms = [shift(jnp.broadcast_to(ab[k], shape), s, axis)
+             for k, s in enumerate(band_offsets(l, u)) if abs(s) < n]
+    return functools.reduce(operator.add, terms)
+
+
+def count_failures(x: Array, ab: Array, rhs: Array, *, l: int, u: int, axis: int) -> Array:
+    """`count_failures` for the banded matrix of scipy's layout `ab` (`matvec`)."""
+    ab, rhs, x = uncounted(ab, rhs, x)
+    residual = rhs - matvec(ab, x, l=l, u=u, axis=axis)
+    return count_failed(x, rhs, residual, row_sums(ab, x.shape, l=l, u=u, axis=axis),
+                  axis=axis)
