@@ -15,3 +15,24 @@ def _cpu_device_when_marked(request):
         return
     with jax.default_device(jax.devices("cpu")[0]):
         yield
+
+
+# Whole modules outside the fast tier: they start subprocesses, build the docs site, run the
+# examples, compile for a GPU or draw property-based cases.
+SLOW_MODULES = frozenset({
+    "test_benchmark_data", "test_docs_site", "test_examples", "test_gpu_aot", "test_gpu_compile",
+    "test_gpu_model", "test_gpu_report", "test_multihost", "test_properties", "test_sharding",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier (`-m "not slow"`) runs every test function once, with its first
+    parameters; its other parameters, the modules in SLOW_MODULES and the `large` runs are
+    marked `slow` and run in the full suite (CI)."""
+    seen = set()
+    for item in items:
+        function = (item.module.__name__, getattr(item, "originalname", item.name))
+        if (item.module.__name__ in SLOW_MODULES or function in seen
+                or item.get_closest_marker("large") is not None):
+            item.add_marker(pytest.mark.slow)
+        seen.add(function)
