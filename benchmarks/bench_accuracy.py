@@ -1,6 +1,6 @@
 """Accuracy of every plan against the plain sequential sweep, on the systems PDE users solve.
 
-For each system (tests/helpers.py, `pde_bands`: Poisson, a nearly singular Poisson problem,
+For each system (tests/support/helpers.py, `pde_bands`: Poisson, a nearly singular Poisson problem,
 implicit heat steps with r = 1 to 1e4, upwind advection-diffusion, uneven splines, a complex
 Crank-Nicolson step, periodic rings), size, dtype, layout and kind, this prints
 
@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import (  # noqa: E402  tests/helpers.py: the systems and the error measure
+from helpers import (  # noqa: E402  tests/support/helpers.py: the systems and the error measure
     PDE_SYSTEMS,
     PERIODIC_SYSTEMS,
     pde_bands,

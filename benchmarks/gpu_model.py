@@ -5,7 +5,7 @@
     python benchmarks/gpu_model.py --write          # both, stored in benchmarks/data/gpu_model_h100.json
     python benchmarks/gpu_model.py --measured benchmarks/data/shapes_h100.json  # beside a GPU run
 
-Each call is compiled for an H100 without a GPU (`tests/gpu_aot.py`: XLA's deviceless compile,
+Each call is compiled for an H100 without a GPU (`tests/support/gpu_aot.py`: XLA's deviceless compile,
 ptxas, the thunk sequence), which lists every kernel launched with its grid, threads and
 registers, the bytes of its operands and results (compiled HLO) and, for a Pallas Triton
 kernel, its block specs and the tiles its Triton IR loads and stores. From these, per launch:
@@ -55,7 +55,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # gpu_aot: the deviceless compile and its reports
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # gpu_aot: the deviceless compile and its reports
 
 import gpu_aot  # noqa: E402
 

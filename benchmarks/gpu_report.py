@@ -55,8 +55,9 @@ from tridiax._tridiagonal.api import solve
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Peak memory bandwidth (GB/s) by device kind (vendor figures), for the fraction column.
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0}
-TEST_FILES = ["tests/test_solve.py", "tests/test_recurrence.py", "tests/test_chunked.py",
-              "tests/test_jax_private.py", "tests/test_gpu_lowering.py", "tests/test_mosaic_gpu.py"]
+TEST_FILES = ["tests/tridiagonal/test_solve.py", "tests/recurrence/test_recurrence.py",
+              "tests/long_systems/test_chunked.py", "tests/project/test_jax_private.py",
+              "tests/gpu/test_gpu_lowering.py", "tests/gpu/test_mosaic_gpu.py"]
 KINDS = {  # name: (keyword arguments of solve, or "factored" / "recurrence" / "indrnn")
     "plain": {}, "pivoted": {"pivoting": True}, "periodic": {"periodic": True},
     "periodic pivoted": {"periodic": True, "pivoting": True},

@@ -28,7 +28,7 @@ orientation, as in the XLA formulation.
 
 Tiles: `default_tiles` gives two systems per thread (64-system tiles, `Tiles.default`) while the
 window is small, and one system per thread (32-system tiles) for larger windows, so that
-ptxas's register count stays in range without spills (tests/test_banded_pallas.py compiles
+ptxas's register count stays in range without spills (tests/banded/test_banded_pallas.py compiles
 every kind for an H100).
 """
 
@@ -64,7 +64,7 @@ def window_words(l: int, u: int, kind: str, transposed: bool, dtype) -> int:
 
 # Windows of up to this many words per system take two systems per thread (64-system tiles);
 # larger ones one (32-system tiles), which keeps ptxas's registers per thread in range (no
-# spills for every kind and dtype up to (l, u) = (3, 3); tests/test_banded_pallas.py).
+# spills for every kind and dtype up to (l, u) = (3, 3); tests/banded/test_banded_pallas.py).
 TWO_SYSTEMS_PER_THREAD_WORDS = 12
 
 

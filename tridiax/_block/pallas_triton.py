@@ -34,7 +34,7 @@ quadratic in k^2.
 Tiles: `default_tiles` gives two systems per thread (64-system tiles) for k = 1 and one system
 per thread (32-system tiles) otherwise, the fewest registers a thread can have here; they still
 grow as k^2 (the carried E[i-1] alone is k*k values per system), which is why larger blocks
-run XLA's loop by default (`_core/backend.py`, PALLAS_BLOCK_LIMIT; tests/test_block_pallas.py
+run XLA's loop by default (`_core/backend.py`, PALLAS_BLOCK_LIMIT; tests/block/test_block_pallas.py
 compiles each k for an H100 and reads its registers and spills).
 """
 

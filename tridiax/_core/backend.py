@@ -125,7 +125,7 @@ def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas"
 
 # Largest block size the Pallas Triton block kernel takes by default (real, complex): its
 # k x k blocks live in registers, which larger blocks exhaust (they spill, and ptxas takes
-# minutes: tests/test_block_pallas.py compiles each k for an H100); larger k run XLA's loop.
+# minutes: tests/block/test_block_pallas.py compiles each k for an H100); larger k run XLA's loop.
 PALLAS_BLOCK_LIMIT = (6, 4)
 
 

@@ -1,7 +1,7 @@
 """Every JAX name tridiax uses that is private, or public but on its way out, in one place.
 
 Each has a fallback, so that a JAX release that moves or drops the name degrades one feature
-with a clear message instead of breaking `import tridiax` (tests/test_jax_private.py removes
+with a clear message instead of breaking `import tridiax` (tests/project/test_jax_private.py removes
 each name in turn and checks its fallback):
 
 | name                                       | used for                     | fallback                      |

@@ -40,7 +40,7 @@ from .dtypes import compute_dtype
 CHUNKED_KINDS = ("thomas", "periodic", "pivoted")
 # Backends whose long systems the planner splits on its own: the native kernel's fused chunk
 # sweeps, and on GPU the sweeps composed around the plain Pallas kernel
-# (`_long_systems/composed_chunks.py`; compiled for sm_90a by tests/test_gpu_compile.py, not yet
+# (`_long_systems/composed_chunks.py`; compiled for sm_90a by tests/gpu/test_gpu_compile.py, not yet
 # timed on a GPU). Every backend runs a chunk the user asks for.
 CHUNKED_BACKENDS = ("native", "pallas_triton")
 # Streaming multiprocessors of the GPU the Pallas plan fills (an H100 SXM). Fewer systems

@@ -49,7 +49,7 @@ Q_ROWS = 4
 WARPS = 4
 # Rows of a tile when the kernels run in interpret mode through the public functions (the
 # tests): the k rows of a tile are written out, so XLA's compile time on CPU grows with k. The
-# logic is the same for every k; tests/test_pallas_rows.py runs the compiled tiles' k directly.
+# logic is the same for every k; tests/gpu/test_pallas_rows.py runs the compiled tiles' k directly.
 INTERPRET_ROWS = 4
 
 

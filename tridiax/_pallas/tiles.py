@@ -60,7 +60,7 @@ def _next_power_of_2(x: int) -> int:
 # one warp per block (.reqntid 32) up to 64 registers without losing occupancy (32 blocks of 32
 # threads fill an SM's 1024-thread share of its registers), and the sweeps (pivoted and
 # float64 gradients included) fit without spilling; with 2 or more warps per block it aims
-# at 32 registers and spills values live across the loops (tests/test_gpu_compile.py).
+# at 32 registers and spills values live across the loops (tests/gpu/test_gpu_compile.py).
 # Two systems per thread keep 2048 systems in flight per SM, as full occupancy of 128-thread
 # blocks would; and 64-system tiles give 132 SMs a block each from 132 x 64 systems on.
 SYSTEMS_PER_PROGRAM = 64

@@ -367,8 +367,8 @@ def test_cuda_lowering_reads_broadcast_bands_in_place(ab_shape):
     assert not _unmasked(ir), _unmasked(ir)
 
 
-# --- GPU readiness: deviceless compile for an H100 (tests/gpu_aot.py) -----------------------------
-# Skipped without the CUDA plugin (`python tests/gpu_aot.py --install`) unless TRIDIAX_REQUIRE_GPU_AOT
+# --- GPU readiness: deviceless compile for an H100 (tests/support/gpu_aot.py) -----------------------------
+# Skipped without the CUDA plugin (`python tests/support/gpu_aot.py --install`) unless TRIDIAX_REQUIRE_GPU_AOT
 # is set, as in test_gpu_compile.py. Each case compiles the kernel alone on (P, N, Q) = (2, 1000,
 # 132 * 64 + 100): a ragged last tile (every access masked) and at least one block per SM.
 
@@ -422,7 +422,7 @@ def test_h100_compile_without_spills(dtype):
     assert not problems, "\n".join(problems)
 
 
-if __name__ == "__main__":  # print every kernel: python tests/test_banded_pallas.py [dtype]
+if __name__ == "__main__":  # print every kernel: python tests/banded/test_banded_pallas.py [dtype]
     import sys
 
     for case, r in _aot_reports(sys.argv[1] if len(sys.argv) > 1 else "float32").items():

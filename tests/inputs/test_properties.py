@@ -3,7 +3,7 @@
 Each property runs a bounded number of examples in the default run (CI); the same properties
 run with many more examples behind the `large` marker:
 
-    python -m pytest -q tests/test_properties.py -m large
+    python -m pytest -q tests/inputs/test_properties.py -m large
 """
 
 import math

@@ -339,13 +339,13 @@ def test_cuda_default_backend_follows_the_block_size(k, m, triton):
         *specs).lower(lowering_platforms=("cuda",))
     assert bool(triton_kernels(lowered)) == triton
 
-# --- GPU readiness: deviceless compile for an H100 (tests/gpu_aot.py) -------------------------
-# Skipped without the CUDA plugin (`python tests/gpu_aot.py --install`) unless
+# --- GPU readiness: deviceless compile for an H100 (tests/support/gpu_aot.py) -------------------------
+# Skipped without the CUDA plugin (`python tests/support/gpu_aot.py --install`) unless
 # TRIDIAX_REQUIRE_GPU_AOT is set, as in test_gpu_compile.py. Each case compiles the kernel alone
 # on (P, N, Q) = (2, 1000, 132 * 32 + 100) with m = 2: a ragged last tile (every access masked)
 # and at least one block per SM. k = 8 compiles in 10-30 s per kind (k = 2, 4: about 1 s) and
 # spills a little in float32 (more in float64 and complex): the test compiles it unpivoted only;
-# `python tests/test_block_pallas.py [dtype]` prints every k and kind.
+# `python tests/block/test_block_pallas.py [dtype]` prints every k and kind.
 
 SMS = 132
 AOT_SHAPE = (2, 1000, SMS * 32 + 100)
@@ -400,7 +400,7 @@ def test_h100_compile():
     assert not problems, "\n".join(problems)
 
 
-if __name__ == "__main__":  # every k and kind: python tests/test_block_pallas.py [dtype [k,k,...]]
+if __name__ == "__main__":  # every k and kind: python tests/block/test_block_pallas.py [dtype [k,k,...]]
     import sys
 
     dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"

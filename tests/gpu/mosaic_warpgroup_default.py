@@ -1,4 +1,4 @@
-"""jax 0.11's Mosaic GPU default on the jax at hand, for deviceless compiles (tests/gpu_aot.py
+"""jax 0.11's Mosaic GPU default on the jax at hand, for deviceless compiles (tests/support/gpu_aot.py
 imports this module by name): jax 0.11 lowers a `plgpu.kernel` with warpgroup semantics
 unless its CompilerParams say otherwise (jax 0.10: lane semantics). Importing this module makes
 `plgpu.kernel` without compiler_params use warpgroup semantics here too, so a compile through

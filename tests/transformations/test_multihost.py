@@ -38,7 +38,8 @@ def child_env(devices_per_process):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices_per_process}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent / "support"),
+                                                     env.get("PYTHONPATH")]))
     return env
 
 
@@ -197,7 +198,7 @@ def test_split_time_recurrence(shards):
 def test_sharded_solve_example_with_two_processes():
     # The example's --processes 2 launches itself twice the same way; its launcher and both
     # children share a new process group, killed as a whole if they outlive the deadline.
-    script = HERE.parent / "examples" / "sharded_solve.py"
+    script = HERE.parents[1] / "examples" / "sharded_solve.py"
     launcher = subprocess.Popen([sys.executable, str(script), "--quick", "--processes", "2"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)

@@ -11,7 +11,7 @@ program launches it (grid, threads per block, dynamic shared memory: XLA's thunk
         print(k)
 
 The plugin (jax-cuda12-plugin, jax-cuda12-pjrt) and ptxas (nvidia-cuda-nvcc-cu12) live in a
-directory of their own, `SITE`, filled by `python tests/gpu_aot.py --install`: installed beside
+directory of their own, `SITE`, filled by `python tests/support/gpu_aot.py --install`: installed beside
 jax, on a machine without a GPU, they make every `import jax` print CUDA warnings on stderr.
 The compilation runs in a subprocess (this file run as a script) whose environment puts SITE on
 its path, sets JAX_PLATFORMS=cpu (the plugin then registers without looking for a GPU) and turns
@@ -141,7 +141,7 @@ def unavailable_reason() -> str | None:
     for requirement in packages():
         name, version = requirement.split("==")
         if (normalized(name), version) not in found:
-            return f"{requirement} is not in {SITE}: run `python tests/gpu_aot.py --install`"
+            return f"{requirement} is not in {SITE}: run `python tests/support/gpu_aot.py --install`"
     return None
 
 
@@ -460,7 +460,9 @@ def _worker(request_file: str, result_file: str) -> None:
     """Compile the cases of `request_file` (JSON) for an H100; write their reports to `result_file`."""
     # tridiax from this checkout, as `python -m pytest` has it, or from GPU_AOT_ROOT (another
     # checkout: the model's calibration compiles the code a GPU measured)
-    sys.path.insert(0, os.environ.get("GPU_AOT_ROOT", str(HERE.parent)))
+    sys.path.insert(0, os.environ.get("GPU_AOT_ROOT", str(HERE.parents[1])))
+    # The test modules that cases name ("test_gpu_lowering:ENTRY_POINTS[...]"), by folder.
+    sys.path[1:1] = sorted(str(d) for d in HERE.parent.iterdir() if d.is_dir())
     import jax
     from jax.experimental import topologies
 

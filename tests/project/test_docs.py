@@ -10,7 +10,7 @@ import pytest
 
 import tridiax
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def _documented_objects():

@@ -1,7 +1,7 @@
 """One process of the two-process (multi-host) check in test_multihost.py; not collected.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=2 \
-        python tests/multihost_worker.py PROCESS_ID NUM_PROCESSES HOST:PORT OUT.npz
+        python tests/transformations/multihost_worker.py PROCESS_ID NUM_PROCESSES HOST:PORT OUT.npz
 
 Follows the README's multi-host recipe: `jax.distributed.initialize` (CPU collectives through
 gloo), a `Mesh` over `jax.devices()` (every process's devices), data placed with

@@ -2,7 +2,7 @@
 its layout (one matrix for many columns, or one system per row, by transposes) and band
 conventions, run here through `lax.linalg.tridiagonal_solve`, which is LAPACK's gtsv on CPU
 and cuSPARSE's gtsv2 on CUDA; against scipy (`tridiax.verify`). Which calls take it:
-tests/test_gpu_lowering.py; that it compiles for an H100: tests/test_gpu_compile.py."""
+tests/gpu/test_gpu_lowering.py; that it compiles for an H100: tests/gpu/test_gpu_compile.py."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -19,7 +19,7 @@ import sys
 import pytest
 from gpu_aot import KernelReport, instruction_bytes, shape_bytes, unavailable_reason
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_model  # noqa: E402
 

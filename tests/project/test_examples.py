@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 
 
 def run_example(name: str, *args: str) -> str:

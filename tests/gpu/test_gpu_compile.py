@@ -3,7 +3,7 @@ problems launch enough Pallas blocks to fill its 132 SMs: compiled without a GPU
 
 The shapes are abstract (nothing is allocated), so problems of any size cost only their
 compilation. All cases of one dtype compile in one `gpu_aot` subprocess. Without the CUDA
-plugin (`python tests/gpu_aot.py --install`) these tests skip, unless TRIDIAX_REQUIRE_GPU_AOT
+plugin (`python tests/support/gpu_aot.py --install`) these tests skip, unless TRIDIAX_REQUIRE_GPU_AOT
 is set (as CI does), when they fail.
 """
 
@@ -194,7 +194,7 @@ def test_few_long_plain_systems_compile_to_cusparse():
         assert not [k for k in r.kernels if k.spill_store_bytes or k.spill_load_bytes], case
 
 
-if __name__ == "__main__":  # print every kernel: python tests/test_gpu_compile.py [float32|float64|long]
+if __name__ == "__main__":  # print every kernel: python tests/gpu/test_gpu_compile.py [float32|float64|long]
     import sys
     import time
 

@@ -80,7 +80,7 @@ def dense_solve(lower, diag, upper, rhs):
 
 SIZES = [(k, n) for k in (1, 2, 3, 4, 8) for n in (1, 2, 3, 7)] + [(16, 1), (16, 5)]
 # Interpret mode compiles the Pallas kernel's unrolled k x k elimination slowly (k = 8 takes
-# 20-40 s): it runs k <= 4 here, and tests/test_block_pallas.py covers k = 8.
+# 20-40 s): it runs k <= 4 here, and tests/block/test_block_pallas.py covers k = 8.
 CASES = [(backend, k, n) for backend in backends() for k, n in SIZES
          if backend != "pallas_interpret" or k <= 4]
 

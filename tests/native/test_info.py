@@ -11,7 +11,7 @@ import pytest
 import tridiax
 from tridiax._native import library as _native
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def _run(code_or_args, *, env=None, cwd=None, module=False):

@@ -25,7 +25,7 @@ import pytest
 
 from tridiax._core.backend import device_platform
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROW_KEYS = ["table", "case", "shape", "axis", "dtype", "method", "grad", "ms", "compile_s",
             "error", "ratio", "ratio_to"]
 META_KEYS = {"schema", "script", "command", "date", "machine", "jax", "jaxlib", "platform",
