@@ -40,9 +40,9 @@ from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
+from .._core.primitive import def_jit_impl
 from .._long_systems import chunked as _chunked
 from .._long_systems import partition_method as _partition_method
-from .._core.primitive import def_jit_impl
 
 recurrence_p = Primitive("tridiax_recurrence")
 

@@ -41,9 +41,9 @@ from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.inputs import check_operator_rank, conform, plan_of, read
 from .._core.jax_private import ShapedArray
+from .._core.primitive import def_jit_impl
 from . import periodic as _periodic
 from .api import check_periodic_size
-from .._core.primitive import def_jit_impl
 from .primitive import tridiagonal_solve_p
 
 _BAND_NAMES = ("lower", "diag", "upper")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
@@ -44,11 +43,11 @@ from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
+from .._core.primitive import def_jit_impl
 from .._long_systems import chunked as _chunked
 from .._long_systems import partition_method as _partition_method
 from . import cusparse as _cusparse
 from . import periodic as _periodic
-from .._core.primitive import def_jit_impl
 
 tridiagonal_solve_p = Primitive("tridiax_tridiagonal_solve")
 
