@@ -1,4 +1,4 @@
-"""The native banded kernel (cpu_banded.cc through `_native.banded_pnq`) against the XLA
+"""The native banded kernel (banded.cc through `_native.banded_pnq`) against the XLA
 formulation it follows step for step (`_xla_banded.solve_pnq`), scipy.linalg.solve_banded and
 dense NumPy solves (transposed systems).
 

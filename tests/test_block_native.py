@@ -1,4 +1,4 @@
-"""The native block-tridiagonal kernel (cpu_block.cc through `_native.block_pnq`) against dense
+"""The native block-tridiagonal kernel (block.cc through `_native.block_pnq`) against dense
 float64/complex128 NumPy solves of the assembled matrices, block residuals for many systems,
 and the XLA formulation it follows step for step (`_xla_block.solve_pnq`).
 

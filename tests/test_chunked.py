@@ -115,7 +115,7 @@ def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, perio
 @pytest.mark.parametrize("bands_shape", ["per_system", "one_row", "one_value", "shared_by_q"])
 def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic, dtype):
     """(P, N, Q) along axis 1 with Q dividing a vector: the sweeps over chunks read a tile of
-    one vector of lanes (L/Q chunks) straight into registers (cpu_kernels.cc, EndsOfRuns and
+    one vector of lanes (L/Q chunks) straight into registers (chunks.cc, EndsOfRuns and
     SolveOfRuns; chunks of 97 and 91 rows, and of 2 and 3: one or two interior rows); a
     narrower last tile of long chunks (11 chunks of 91), the whole solve (chunk=0) and short
     chunks sweep the Q lanes of a chunk through RowReader's blocks; with the bands per

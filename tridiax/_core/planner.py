@@ -58,7 +58,7 @@ GPU_SECTOR_BYTES = 32
 MIN_CHUNK = 16
 # The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
 CHUNK_ROW_BYTES = 16384
-# Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
+# Fewer values than this run on one core anyway (threads.h, RunTiles): never chunked.
 MIN_CHUNKED_WORK = 1 << 16
 # Vectors of systems per tile where batch-first float32 systems go by tiles of rows
 # (`_rows_by_tiles`): four chains of divisions in flight. 100 000 systems of 100 rows, one core:
@@ -202,7 +202,7 @@ def _rows_by_tiles(P: int, N: int, dtype) -> bool:
 
 def scanned_lanes(Q: int, dtype) -> bool:
     """Whether the native kernel can scan lanes Q values apart inside vector registers (linear
-    recurrences: cpu_kernels.cc, ScanLanes), or move a chunk's rows of Q values as runs of one
+    recurrences: recurrence.cc, ScanLanes), or move a chunk's rows of Q values as runs of one
     vector (Thomas chunks: EndsOfRuns, SolveOfRuns): real lanes whose rows are contiguous
     (Q == 1), or rows of Q values, Q dividing a vector, all Q lanes of a tile together
     (`cpu_tiling` gives such tiles where there are few systems)."""
@@ -394,7 +394,7 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # side by side). Other runs lost: 12- and 24-byte runs go value by value, and 32-byte
         # runs (float64 (10^6, 4), 2 chunks a tile) took 2-3x longer than reading the rows in
         # place, but for Thomas chunks whose runs the kernel loads straight into a vector (Q
-        # dividing it: cpu_kernels.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5-6.4 ->
+        # dividing it: chunks.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5-6.4 ->
         # 2.0-2.6 ms); recurrences (no division) keep their rows in place too: float64 (10^6, 2) 4.4
         # -> 5.2-6.0 ms with these tiles.
         chunks = min(-(-L // Q), max(1, -(-P * C // cores)))

@@ -1,4 +1,5 @@
-"""The C++ CPU kernels (cpu_kernels.cc, cpu_banded.cc, cpu_block.cc): built on first use, registered as XLA FFI targets.
+"""The C++ CPU kernels (a source per kind of kernel, ffi.cc the handlers): built on first use,
+registered as XLA FFI targets.
 
 The library is compiled once per machine, source and jax version with the system C++
 compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
@@ -33,14 +34,14 @@ from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
 from .._core.planner import cpu_cache_bytes
 
-_SOURCE = pathlib.Path(__file__).with_name("cpu_kernels.cc")
-# Banded systems (TridiaxBandedCpu): a second translation unit of the same library.
-_BANDED_SOURCE = pathlib.Path(__file__).with_name("cpu_banded.cc")
-# Block-tridiagonal systems (TridiaxBlockCpu): a third translation unit.
-_BLOCK_SOURCE = pathlib.Path(__file__).with_name("cpu_block.cc")
-_SOURCES = (_SOURCE, _BANDED_SOURCE, _BLOCK_SOURCE)
-# Included by the sources: cpu_common.h by every one, cpu_lanes.h by the banded and block ones.
-_HEADERS = tuple(pathlib.Path(__file__).with_name(name) for name in ("cpu_common.h", "cpu_lanes.h"))
+_HERE = pathlib.Path(__file__).parent
+# One translation unit per kind of kernel, and ffi.cc, which only declares the FFI handlers.
+_SOURCES = tuple(_HERE / name for name in (
+    "solve.cc", "chunks.cc", "factor.cc", "recurrence.cc", "banded.cc", "block.cc", "ffi.cc"))
+_SOURCE = _SOURCES[0]
+_BLOCK_SOURCE = _HERE / "block.cc"
+# The headers the sources include: every one is hashed into the library's cache key.
+_HEADERS = tuple(sorted(_HERE.glob("*.h")))
 _LOG = logging.getLogger("tridiax")
 # FFI target names and the C++ symbols behind them.
 _TARGETS = {
@@ -62,12 +63,14 @@ _FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC")
 # loops, scalar tails, tiles of any width) rounds each operation as the sequential sweep
 # written out does, and a system gets the same answer, bit for bit, in any batch or layout.
 # The block kernel fuses them (=fast) as XLA's CPU compiler does, so that its block
-# eliminations round as the XLA formulation's, bit for bit.
-_CONTRACTION = {_BLOCK_SOURCE: "-ffp-contract=fast"}
+# eliminations round as the XLA formulation's, bit for bit. TRIDIAX_FP_CONTRACT_OFF tells the
+# headers whose arithmetic must not be contracted (sweeps.h) that they may be included.
+_CONTRACTION = {_BLOCK_SOURCE: ("-ffp-contract=fast",)}
 
 
 def _source_flags(source: pathlib.Path) -> tuple[str, ...]:
-    return (*_FLAGS, _CONTRACTION.get(source, "-ffp-contract=off"))
+    return (*_FLAGS,
+            *_CONTRACTION.get(source, ("-ffp-contract=off", "-DTRIDIAX_FP_CONTRACT_OFF")))
 
 
 def _cpu_flags() -> str:
@@ -172,7 +175,7 @@ def _library_path() -> pathlib.Path:
 @functools.cache
 def scan_rows(itemsize: int) -> int:
     """Rows of a real element of `itemsize` bytes that the kernel scans per vector register in
-    contiguous lanes (cpu_kernels.cc, ScanVector): 16 float32 with AVX-512; 0 where the kernel
+    contiguous lanes (lanes.h, VectorOps): 16 float32 with AVX-512; 0 where the kernel
     is not built or was built without the scans."""
     if not available():
         return 0
@@ -265,7 +268,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
 def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, tiling,
                    pivoting: bool = False):
     """The partition method's first sweep (`_long_systems/chunked.py`): ten (P, C, Q) arrays, the
-    contributions of each chunk of `chunk` rows to the reduced system (cpu_kernels.cc, `Mode`),
+    contributions of each chunk of `chunk` rows to the reduced system (chunks.cc, `Mode`),
     in the compute dtype. `pivoting`: each chunk eliminated with partial pivoting."""
     _require()
     shape = broadcast_shape(l, d, u, b)
@@ -378,7 +381,7 @@ _BANDED_KINDS = {"banded": 0, "banded_pivoted": 1, "banded_hermitian": 2}
 
 def banded_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype):
     """Solve A x = b (A^T x = b when `transposed`) along axis 1 with the C++ banded kernel
-    (cpu_banded.cc), exactly as `_xla_banded.solve_pnq`: `ab` (l + u + 1, P|1, N|1, Q|1) in
+    (banded.cc), exactly as `_xla_banded.solve_pnq`: `ab` (l + u + 1, P|1, N|1, Q|1) in
     scipy's band layout along axis 2 (a size-1 axis is broadcast, never copied), `b` (P, N, Q);
     `kind` "banded", "banded_pivoted" or "banded_hermitian". Returns x, (P, N, Q) of
     `out_dtype`; float16/bfloat16 are solved in float32 and rounded once."""
@@ -402,7 +405,7 @@ _BLOCK_KINDS = {"block": 0, "block_pivoted": 1, "block_hermitian": 2}
 
 def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype):
     """Solve A x = b (A^T x = b when `transposed`, no conjugate) along axis 1 with the C++
-    block-tridiagonal kernel (cpu_block.cc), the block Thomas algorithm of
+    block-tridiagonal kernel (block.cc), the block Thomas algorithm of
     `_xla_block.solve_pnq`: `lower`, `diag`, `upper` (P|1, N|1, Q|1, k, k), block row i reading
     lower[i] x[i-1] + diag[i] x[i] + upper[i] x[i+1] (a size-1 axis is broadcast, never copied;
     lower[0] and upper[N-1] are never read), `b` (P, N, Q, k, m); `kind` "block",
