@@ -2,6 +2,7 @@
 the native C++ chunk kernels they stand in for, and end to end through `_long_systems/chunked.py` against
 SciPy, a dense solve and a NumPy loop, on the "xla" and "pallas_interpret" backends."""
 
+import dataclasses
 import functools
 
 import jax
@@ -67,8 +68,16 @@ def solve_cases():
     return out
 
 
-def native_tiling(P, N, Q, m, dtype, columns=3):
-    return _planner.cpu_tiling(P, -(-N // m), Q, m, dtype, columns=columns)
+def native_tiling(P, N, Q, m, dtype, columns=3, linear=True):
+    """The planner's tiles for the native chunk sweeps (columns=3, unpivoted) or a chunked
+    recurrence (columns=0; `linear`: without an activation), with its choice of the tiles whose
+    rows are held in vector registers."""
+    tiling = _planner.cpu_tiling(P, -(-N // m), Q, m, dtype, columns=columns)
+    if columns:
+        scan = _planner.chunk_runs(P, N, Q, dtype, chunk=m, tiling=tiling, pivoted=False)
+    else:
+        scan = _planner.recurrence_scans(P, N, Q, dtype, chunk=m, tiling=tiling, linear=linear)
+    return dataclasses.replace(tiling, scan=scan)
 
 
 def compare_solve_sweeps(backend, shapes, m, transposed, periodic, dtype, seed):
@@ -227,7 +236,8 @@ def test_chunked_run_with_activation_and_unchunked_calls(backend):
                   out_dtype=np.float64)
     got = kernels.recurrence(a, x, h0, **common, tiling=None, chunk=m)
     want = _native.recurrence_pnq(a, x, h0, **common, chunk=m,
-                                  tiling=native_tiling(P, T, Q, m, np.float64, columns=0))
+                                  tiling=native_tiling(P, T, Q, m, np.float64, columns=0,
+                                                       linear=False))
     assert_matches(got, want, np.float64, "tanh run")
     plain = kernels.recurrence(a, x, h0[:, :1], **common, tiling=None)
     tiling = _planner.cpu_tiling(P, 1, Q, T, np.float64, columns=0)

@@ -27,13 +27,15 @@
 // Without `periodic`, nothing couples into chunk 0 from before (alpha = beta = 0 there);
 // with it, s_{-1} is the last separator N-1.
 //
-// Rows of runs. An unpivoted tile of CQ lanes that is exactly one vector (L/Q chunks of Q
+// Rows of runs. Where the planner says so (`scan`, a bit per class of tile: tiles.h,
+// kShortTiles), an unpivoted tile of CQ lanes that is exactly one vector (L/Q chunks of Q
 // lanes, Q dividing L) reads each row of each operand straight into one vector, a run of Q
 // values per chunk, and keeps its state in registers (EndsOfRuns, SolveOfRuns): the same
 // operations in the same order as the sweep through a RowReader, without moving the rows
-// through a buffer.
+// through a buffer. A tile the planner sends there that is not such a tile fails the call.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <complex>
 #include <cstdint>
@@ -61,8 +63,10 @@ template <typename T>
 class ChunkSolver {
  public:
   ChunkSolver(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
-              bool transposed, bool pivoting, int64_t mode, bool periodic)
-      : g_(g), transposed_(transposed), pivoting_(pivoting), mode_(mode), periodic_(periodic) {
+              bool transposed, bool pivoting, int64_t mode, bool periodic, int64_t scan,
+              std::atomic<bool>* refused)
+      : g_(g), transposed_(transposed), pivoting_(pivoting), mode_(mode), periodic_(periodic),
+        scan_(scan), refused_(refused) {
     for (int k = 0; k < 4; ++k) ops_[k] = ops[k];
     for (int k = 0; k < kReducedRows; ++k) outs_[k] = outs[k];
     if (xsep != nullptr) xsep_ = *xsep;
@@ -70,7 +74,7 @@ class ChunkSolver {
 
   int64_t tiles() const { return g_.tiles(); }
   // c', y', z'/U2, pivots (rows x W each), 4 reader blocks, kSpareRows spare rows; at least c'
-  // and y' of a tile's chunks where tiles may take SolveOfRuns.
+  // and y' of a tile's chunks where tiles take SolveOfRuns.
   int64_t scratch_size() const {
     return std::max(RunsSize(), (4 * g_.chunk + 4 * kRows + kSpareRows) * g_.W + kBlock * g_.N);
   }
@@ -82,20 +86,18 @@ class ChunkSolver {
  private:
   const T* Data(int k) const { return static_cast<const T*>(ops_[k].data); }
 
-  // The scratch of SolveOfRuns (c' and y' of a tile's chunks), where tiles may take it.
+  // The scratch of SolveOfRuns (c' and y' of a tile's chunks), where tiles take it.
   int64_t RunsSize() const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (std::is_floating_point_v<T>) {
-      if (mode_ == kChunkSolve && !pivoting_ && g_.lanes == kLanesCQ) {
-        return 2 * g_.chunk * VectorOps<T>::L;
-      }
+      if (mode_ == kChunkSolve && scan_ != 0) return 2 * g_.chunk * VectorOps<T>::L;
     }
 #endif
     return 0;
   }
 
-  // Ends or the last sweep by rows of runs (EndsOfRuns, SolveOfRuns): false, nothing done,
-  // where the tile is not one vector of CQ lanes.
+  // Ends or the last sweep by rows of runs (EndsOfRuns, SolveOfRuns) for a tile the planner
+  // sends there: false, nothing done, where the tile is not one vector of CQ lanes.
   bool EndsInRegisters(const Tile& tile, const T* alpha, const T* beta, const T* omega,
                        T* work) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
@@ -122,7 +124,10 @@ class ChunkSolver {
 
   void SolveTile(const Tile& tile, T* scratch) const {
     const int64_t W = g_.W, len = tile.len;
-    if (mode_ == kChunkSolve && !pivoting_ && SolveInRegisters(tile, scratch)) return;
+    if (mode_ == kChunkSolve && g_.Scans(scan_, tile)) {  // the planner's choice
+      if (!SolveInRegisters(tile, scratch)) refused_->store(true);
+      return;
+    }
     T* c = scratch;
     T* y = c + len * W;
     T* z = y + len * W;
@@ -177,7 +182,10 @@ class ChunkSolver {
   void Ends(const Tile& tile, Sub sub, Dia dia, Sup sup, Rhs rhs, const T* alpha, const T* beta,
             const T* omega, T* work) const {
     const int64_t W = g_.W, w = tile.w, n = tile.len - 1;
-    if (EndsInRegisters(tile, alpha, beta, omega, work)) return;
+    if (g_.Scans(scan_, tile)) {  // the planner's choice: the rows in vector registers
+      if (!EndsInRegisters(tile, alpha, beta, omega, work)) refused_->store(true);
+      return;
+    }
     // c'[i-1], y'[i-1], v'[i-1], yr'[i-1], pi_i, the sums of pi y', pi v', pi yr', and w'[n-1].
     T* __restrict__ cp = work;
     T* __restrict__ yp = work + W;
@@ -635,14 +643,31 @@ class ChunkSolver {
   bool transposed_, pivoting_;
   int64_t mode_;
   bool periodic_;
+  int64_t scan_;                // a bit per class of tile: rows of runs in registers
+  std::atomic<bool>* refused_;  // set where a tile cannot be swept as `scan_` says
 };
 
-// The sweep of `mode` on every tile.
+ffi::Error RefusedScan() {
+  return ffi::Error::InvalidArgument(
+      "tridiax: `scan` names tiles whose rows the chunk sweeps cannot hold in vector registers "
+      "(those are unpivoted real chunks, a tile one vector of Q-value runs)");
+}
+
+// The sweep of `mode` on every tile; false where a tile could not be swept as `scan` says.
 template <typename T>
-void SweepChunks(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
-                 bool transposed, bool pivoting, int64_t mode, bool periodic) {
-  RunTiles<T>(ChunkSolver<T>(ops, xsep, outs, g, transposed, pivoting, mode, periodic),
+bool SweepChunks(const Operand* ops, const Operand* xsep, T* const* outs, const Geometry& g,
+                 bool transposed, bool pivoting, int64_t mode, bool periodic, int64_t scan) {
+  std::atomic<bool> refused{false};
+  RunTiles<T>(ChunkSolver<T>(ops, xsep, outs, g, transposed, pivoting, mode, periodic, scan,
+                             &refused),
               g.P * g.N * g.Q);
+  return !refused.load();
+}
+
+// Whether `scan` can be carried out at all: no bits past the four classes, and none for
+// pivoted chunks or where the library holds no rows of this type in vector registers.
+bool ScanPossible(int64_t scan, bool pivoting, ffi::DataType type) {
+  return scan == 0 || (scan > 0 && scan < 16 && !pivoting && HasVectorRows(type));
 }
 
 }  // namespace
@@ -654,9 +679,11 @@ ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuff
                          ffi::Result<ffi::AnyBuffer> o5, ffi::Result<ffi::AnyBuffer> o6,
                          ffi::Result<ffi::AnyBuffer> o7, ffi::Result<ffi::AnyBuffer> o8,
                          ffi::Result<ffi::AnyBuffer> o9, bool transposed, bool periodic,
-                         bool pivoting, int64_t lanes, int64_t width, int64_t chunk) {
+                         bool pivoting, int64_t lanes, int64_t width, int64_t chunk,
+                         int64_t scan) {
   auto dims = o0->dimensions();
   const int64_t P = dims[0], Q = dims[2], N = Rows({&lower, &diag, &upper, &rhs});
+  if (!ScanPossible(scan, pivoting, o0->element_type())) return RefusedScan();
   if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
   const Geometry g(P, N, Q, chunk, lanes, width);
   if (g.C != dims[1] || N % g.chunk == 1 || g.chunk < 2) {
@@ -668,21 +695,24 @@ ffi::Error ChunkEndsImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuff
                              o3->untyped_data(), o4->untyped_data(), o5->untyped_data(),
                              o6->untyped_data(), o7->untyped_data(), o8->untyped_data(),
                              o9->untyped_data()};
+  bool swept = true;
   const bool ok = ForType(o0->element_type(), [&](auto zero) {
     using T = decltype(zero);
     T* outs[kReducedRows];
     for (int k = 0; k < kReducedRows; ++k) outs[k] = static_cast<T*>(raw[k]);
-    SweepChunks<T>(ops, nullptr, outs, g, transposed, pivoting, kEnds, periodic);
+    swept = SweepChunks<T>(ops, nullptr, outs, g, transposed, pivoting, kEnds, periodic, scan);
   });
-  return ok ? ffi::Error::Success() : Unsupported();
+  if (!ok) return Unsupported();
+  return swept ? ffi::Error::Success() : RefusedScan();
 }
 
 ffi::Error ChunkSolveImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                           ffi::AnyBuffer rhs, ffi::AnyBuffer xsep, ffi::Result<ffi::AnyBuffer> x,
                           bool transposed, bool periodic, bool pivoting, int64_t lanes,
-                          int64_t width, int64_t chunk) {
+                          int64_t width, int64_t chunk, int64_t scan) {
   auto dims = x->dimensions();
   const int64_t P = dims[0], N = dims[1], Q = dims[2];
+  if (!ScanPossible(scan, pivoting, x->element_type())) return RefusedScan();
   if (P == 0 || N == 0 || Q == 0) return ffi::Error::Success();
   const Geometry g(P, N, Q, chunk, lanes, width);
   if (g.C != xsep.dimensions()[1] || N % g.chunk == 1 || g.chunk < 2) {
@@ -692,12 +722,14 @@ ffi::Error ChunkSolveImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuf
                           MakeOperand(rhs)};
   const Operand sep = MakeOperand(xsep);
   void* out = x->untyped_data();
+  bool swept = true;
   const bool ok = ForType(x->element_type(), [&](auto zero) {
     using T = decltype(zero);
     T* outs[kReducedRows] = {static_cast<T*>(out)};
-    SweepChunks<T>(ops, &sep, outs, g, transposed, pivoting, kChunkSolve, periodic);
+    swept = SweepChunks<T>(ops, &sep, outs, g, transposed, pivoting, kChunkSolve, periodic, scan);
   });
-  return ok ? ffi::Error::Success() : Unsupported();
+  if (!ok) return Unsupported();
+  return swept ? ffi::Error::Success() : RefusedScan();
 }
 
 }  // namespace tridiax::cpu

@@ -1,5 +1,5 @@
 // The library's XLA FFI handlers, one per kernel entry point (kernels.h), registered by
-// tridiax/_native/library.py under the target names tridiax/_native/library.py calls; and what the
+// tridiax/_native/library.py, which calls them by their target names; and what the
 // library was built with, for the planner. Nothing else: the kernels are in their own sources.
 
 #include <cstdint>
@@ -43,7 +43,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkEndsCpu, tridiax::cpu::ChunkEndsImpl,
                                   .Attr<bool>("pivoting")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
-                                  .Attr<int64_t>("chunk"));
+                                  .Attr<int64_t>("chunk")
+                                  .Attr<int64_t>("scan"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkSolveCpu, tridiax::cpu::ChunkSolveImpl,
                               ffi::Ffi::Bind()
@@ -58,7 +59,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxChunkSolveCpu, tridiax::cpu::ChunkSolveImpl
                                   .Attr<bool>("pivoting")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
-                                  .Attr<int64_t>("chunk"));
+                                  .Attr<int64_t>("chunk")
+                                  .Attr<int64_t>("scan"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxFactorCpu, tridiax::cpu::FactorImpl,
                               ffi::Ffi::Bind()
@@ -95,7 +97,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceCpu, tridiax::cpu::RecurrenceImpl
                                   .Attr<bool>("final_only")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
-                                  .Attr<int64_t>("chunk"));
+                                  .Attr<int64_t>("chunk")
+                                  .Attr<int64_t>("scan"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceEndsCpu, tridiax::cpu::RecurrenceEndsImpl,
                               ffi::Ffi::Bind()
@@ -109,7 +112,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxRecurrenceEndsCpu, tridiax::cpu::Recurrence
                                   .Attr<int64_t>("gate")
                                   .Attr<int64_t>("lanes")
                                   .Attr<int64_t>("width")
-                                  .Attr<int64_t>("chunk"));
+                                  .Attr<int64_t>("chunk")
+                                  .Attr<int64_t>("scan"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBandedCpu, tridiax::cpu::BandedImpl,
                               ffi::Ffi::Bind()

@@ -21,10 +21,11 @@ ffi::Error ThomasImpl(Buffer lower, Buffer diag, Buffer upper, Buffer rhs, Resul
 ffi::Error ChunkEndsImpl(Buffer lower, Buffer diag, Buffer upper, Buffer rhs, Result o0,
                          Result o1, Result o2, Result o3, Result o4, Result o5, Result o6,
                          Result o7, Result o8, Result o9, bool transposed, bool periodic,
-                         bool pivoting, int64_t lanes, int64_t width, int64_t chunk);
+                         bool pivoting, int64_t lanes, int64_t width, int64_t chunk,
+                         int64_t scan);
 ffi::Error ChunkSolveImpl(Buffer lower, Buffer diag, Buffer upper, Buffer rhs, Buffer xsep,
                           Result x, bool transposed, bool periodic, bool pivoting, int64_t lanes,
-                          int64_t width, int64_t chunk);
+                          int64_t width, int64_t chunk, int64_t scan);
 
 // factor.cc: the factors (l, m, c') of A = L D V, and a solve's band cotangents.
 ffi::Error FactorImpl(Buffer lower, Buffer diag, Buffer upper, Result l, Result m, Result c,
@@ -35,10 +36,10 @@ ffi::Error BandCotangentsImpl(Buffer g, Buffer x, Result lo, Result di, Result u
 // recurrence.cc: recurrences, and the first sweep of their chunked form.
 ffi::Error RecurrenceImpl(Buffer a, Buffer x, Buffer h0, Buffer gate, Result h, bool reverse,
                           bool shifted, int64_t activation, int64_t gate_slope, bool final_only,
-                          int64_t lanes, int64_t width, int64_t chunk);
+                          int64_t lanes, int64_t width, int64_t chunk, int64_t scan);
 ffi::Error RecurrenceEndsImpl(Buffer a, Buffer x, Buffer gate, Result decay, Result final,
                               bool reverse, bool shifted, int64_t gate_slope, int64_t lanes,
-                              int64_t width, int64_t chunk);
+                              int64_t width, int64_t chunk, int64_t scan);
 
 // banded.cc: banded systems in scipy's band layout.
 ffi::Error BandedImpl(Buffer ab, Buffer b, Result x, int64_t l, int64_t u, int64_t kind,

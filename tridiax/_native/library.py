@@ -240,9 +240,11 @@ def _require():
         raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
 
 
-def _tile_attrs(tiling) -> dict:
-    """The planner's tile choice (`_planner.CpuTiling`) as FFI attributes."""
-    return dict(lanes=np.int64(_LANES[tiling.lanes]), width=np.int64(tiling.width))
+def _tile_attrs(tiling, *, scan: bool = False) -> dict:
+    """The planner's tile choice (`_planner.CpuTiling`) as FFI attributes; `scan`: with the
+    classes of tiles whose rows it holds in vector registers, for the kernels that can."""
+    attrs = dict(lanes=np.int64(_LANES[tiling.lanes]), width=np.int64(tiling.width))
+    return dict(attrs, scan=np.int64(tiling.scan)) if scan else attrs
 
 
 def _cast(operands, out_dtype):
@@ -276,7 +278,7 @@ def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, 
     out = jax.ShapeDtypeStruct((P, -(-N // chunk), Q), b.dtype)
     call = jax.ffi.ffi_call("tridiax_chunk_ends_cpu", (out,) * 10)
     return call(l, d, u, b, transposed=transposed, periodic=periodic, pivoting=pivoting,
-                chunk=np.int64(chunk), **_tile_attrs(tiling))
+                chunk=np.int64(chunk), **_tile_attrs(tiling, scan=True))
 
 
 def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool, chunk: int,
@@ -287,7 +289,7 @@ def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool,
     shape = broadcast_shape(l, d, u, b)
     call = jax.ffi.ffi_call("tridiax_chunk_solve_cpu", jax.ShapeDtypeStruct(shape, b.dtype))
     return call(l, d, u, b, separators, transposed=transposed, periodic=periodic,
-                pivoting=pivoting, chunk=np.int64(chunk), **_tile_attrs(tiling))
+                pivoting=pivoting, chunk=np.int64(chunk), **_tile_attrs(tiling, scan=True))
 
 
 def factor_pnq(l, d, u, *, out_dtype, tiling):
@@ -361,7 +363,7 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     return call(a, x, h0, gate_operand, reverse=reverse, shifted=shifted,
                 activation=np.int64(_activation_code(activation)), gate=slope,
                 final_only=final_only, chunk=np.int64(chunk),
-                **_tile_attrs(tiling)).astype(out_dtype)
+                **_tile_attrs(tiling, scan=True)).astype(out_dtype)
 
 
 def recurrence_ends_pnq(a, x, *, reverse: bool, shifted: bool, chunk: int, tiling, gate=None):
@@ -373,7 +375,7 @@ def recurrence_ends_pnq(a, x, *, reverse: bool, shifted: bool, chunk: int, tilin
     out = jax.ShapeDtypeStruct((P, -(-T // chunk), Q), x.dtype)
     call = jax.ffi.ffi_call("tridiax_recurrence_ends_cpu", (out, out))
     return call(a, x, gate_operand, reverse=reverse, shifted=shifted, gate=slope,
-                chunk=np.int64(chunk), **_tile_attrs(tiling))
+                chunk=np.int64(chunk), **_tile_attrs(tiling, scan=True))
 
 
 _BANDED_KINDS = {"banded": 0, "banded_pivoted": 1, "banded_hermitian": 2}

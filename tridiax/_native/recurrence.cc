@@ -8,13 +8,15 @@
 // lanes of rows of a few values (an (N, 4) field along axis 0). L steps (c_i, x_i) compose by a
 // log-step scan (LogStepScan), and the chain from one vector to the next is one multiply-add
 // and one broadcast. Reverse-time lanes scan towards lane 0. Real dtypes, linear steps (gated
-// or not) only.
+// or not) only. Which tiles scan is the planner's choice (`scan`, a bit per class of tile:
+// tiles.h, kShortTiles); a tile it sends there that cannot be scanned fails the call.
 //
 // Tridiagonal solves are never scanned: a scan composes the elimination in another order, which
 // loses digits against the sequential sweep on the systems PDE users solve; linear recurrences
 // stay close to their sequential loop.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <complex>
 #include <cstdint>
@@ -220,10 +222,11 @@ template <typename T>
 class Recurrence {
  public:
   Recurrence(const Operand* ops, T* const* outs, const Geometry& g, bool reverse, bool shifted,
-             int64_t activation, int64_t gate, int64_t mode, bool final_only)
+             int64_t activation, int64_t gate, int64_t mode, bool final_only, int64_t scan,
+             std::atomic<bool>* refused)
       : g_(g), ops_{ops[0], ops[1], ops[2], ops[3]}, outs_{outs[0], outs[1]}, reverse_(reverse),
         shifted_(shifted), activation_(activation), gate_(gate), mode_(mode),
-        final_only_(final_only) {}
+        final_only_(final_only), scan_(scan), refused_(refused) {}
 
   int64_t tiles() const { return g_.tiles(); }
   int64_t scratch_size() const { return (4 * kRows + 4) * g_.W; }
@@ -264,14 +267,31 @@ class Recurrence {
     }
   }
 
+  // A tile of lanes scanned in vector registers, as the planner says (`scan_`); false, nothing
+  // done, where it cannot be: an activation, or lanes neither contiguous (Q == 1) nor all Q
+  // lanes of rows of a few values (Grouped).
   template <int Act, int Gate>
-  void Steps(const Tile& tile, T* scratch) const {
+  bool Scanned(const Tile& tile, T* scratch) const {
 #if defined(TRIDIAX_VECTOR_SCAN)
     if constexpr (Act == kIdentity && std::is_floating_point_v<T>) {
-      if (g_.Q == 1 && tile.len >= VectorOps<T>::L) return ScanSteps<Gate, 1>(tile, scratch);
-      if (GroupedSteps<Gate>(tile, scratch)) return;
+      if (g_.Q == 1) {
+        ScanSteps<Gate, 1>(tile, scratch);
+        return true;
+      }
+      return GroupedSteps<Gate>(tile, scratch);
     }
 #endif
+    (void)tile;
+    (void)scratch;
+    return false;
+  }
+
+  template <int Act, int Gate>
+  void Steps(const Tile& tile, T* scratch) const {
+    if (g_.Scans(scan_, tile)) {
+      if (!Scanned<Act, Gate>(tile, scratch)) refused_->store(true);
+      return;
+    }
     const int64_t W = g_.W, w = tile.w, len = tile.len;
     RowReader<T> rd[3];  // a, x, gate
     for (int k : {0, 1, 3}) {
@@ -400,8 +420,7 @@ class Recurrence {
   // with G = Q (each operand such rows, one row broadcast along the steps, or one value a step
   // shared by the lanes: LoadSteps).
   bool Grouped(const Tile& tile) const {
-    return Groupable<T>(g_.Q) && tile.lanes == kLanesQ && tile.q == 0 && tile.w == g_.Q &&
-           tile.len >= VectorOps<T>::L / g_.Q;
+    return Groupable<T>(g_.Q) && tile.lanes == kLanesQ && tile.q == 0 && tile.w == g_.Q;
   }
 
   template <int Gate>
@@ -417,14 +436,28 @@ class Recurrence {
   bool reverse_, shifted_;
   int64_t activation_, gate_, mode_;
   bool final_only_;
+  int64_t scan_;                // a bit per class of tile: the tiles scanned in registers
+  std::atomic<bool>* refused_;  // set where a tile cannot be scanned as `scan_` says
 };
+
+ffi::Error RefusedScan() {
+  return ffi::Error::InvalidArgument(
+      "tridiax: `scan` names tiles of the recurrence that cannot be scanned in vector registers "
+      "(those are real, linear, and either contiguous steps or all Q lanes of a few)");
+}
+
+// Whether `scan` can be carried out at all: no bits past the four classes, and none with an
+// activation or where the library holds no rows of this type in vector registers.
+bool ScanPossible(int64_t scan, int64_t activation, ffi::DataType type) {
+  return scan == 0 || (scan > 0 && scan < 16 && activation == kIdentity && HasVectorRows(type));
+}
 
 }  // namespace
 
 ffi::Error RecurrenceImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer h0,
                           ffi::AnyBuffer gate, ffi::Result<ffi::AnyBuffer> h, bool reverse,
                           bool shifted, int64_t activation, int64_t gate_slope, bool final_only,
-                          int64_t lanes, int64_t width, int64_t chunk) {
+                          int64_t lanes, int64_t width, int64_t chunk, int64_t scan) {
   auto dims = h->dimensions();
   if (dims.size() != 3) return ffi::Error::InvalidArgument("tridiax: expected (P, T, Q)");
   const int64_t P = dims[0], Q = dims[2];
@@ -433,26 +466,29 @@ ffi::Error RecurrenceImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer h0,
   if ((activation != kIdentity || gate_slope != kIdentity) && IsComplex(h->element_type())) {
     return ffi::Error::InvalidArgument("tridiax: activations are for real dtypes");
   }
+  if (!ScanPossible(scan, activation, h->element_type())) return RefusedScan();
   const Geometry g(P, T, Q, final_only ? 0 : chunk, lanes, width);
   if (h0.dimensions()[1] != g.C) {
     return ffi::Error::InvalidArgument("tridiax: one initial state per chunk expected");
   }
   const Operand ops[4] = {MakeOperand(a), MakeOperand(x), MakeOperand(h0), MakeOperand(gate)};
   void* out = h->untyped_data();
+  std::atomic<bool> refused{false};
   const bool ok = ForType(h->element_type(), [&](auto zero) {
     using E = decltype(zero);
     E* outs[2] = {static_cast<E*>(out), nullptr};
     RunTiles<E>(Recurrence<E>(ops, outs, g, reverse, shifted, activation, gate_slope, kRun,
-                              final_only),
+                              final_only, scan, &refused),
                 P * T * Q);
   });
-  return ok ? ffi::Error::Success() : Unsupported();
+  if (!ok) return Unsupported();
+  return refused.load() ? RefusedScan() : ffi::Error::Success();
 }
 
 ffi::Error RecurrenceEndsImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer gate,
                               ffi::Result<ffi::AnyBuffer> decay, ffi::Result<ffi::AnyBuffer> final,
                               bool reverse, bool shifted, int64_t gate_slope, int64_t lanes,
-                              int64_t width, int64_t chunk) {
+                              int64_t width, int64_t chunk, int64_t scan) {
   auto dims = decay->dimensions();
   const int64_t P = dims[0], Q = dims[2];
   const int64_t T = Rows({&a, &x, &gate});
@@ -460,18 +496,21 @@ ffi::Error RecurrenceEndsImpl(ffi::AnyBuffer a, ffi::AnyBuffer x, ffi::AnyBuffer
   if (gate_slope != kIdentity && IsComplex(decay->element_type())) {
     return ffi::Error::InvalidArgument("tridiax: activations are for real dtypes");
   }
+  if (!ScanPossible(scan, kIdentity, decay->element_type())) return RefusedScan();
   const Geometry g(P, T, Q, chunk, lanes, width);
   if (g.C != dims[1]) return ffi::Error::InvalidArgument("tridiax: C outputs expected");
   const Operand ops[4] = {MakeOperand(a), MakeOperand(x), Operand{}, MakeOperand(gate)};
   void* raw[2] = {decay->untyped_data(), final->untyped_data()};
+  std::atomic<bool> refused{false};
   const bool ok = ForType(decay->element_type(), [&](auto zero) {
     using E = decltype(zero);
     E* outs[2] = {static_cast<E*>(raw[0]), static_cast<E*>(raw[1])};
     RunTiles<E>(Recurrence<E>(ops, outs, g, reverse, shifted, kIdentity, gate_slope,
-                              kRecurrenceEnds, false),
+                              kRecurrenceEnds, false, scan, &refused),
                 P * T * Q);
   });
-  return ok ? ffi::Error::Success() : Unsupported();
+  if (!ok) return Unsupported();
+  return refused.load() ? RefusedScan() : ffi::Error::Success();
 }
 
 }  // namespace tridiax::cpu

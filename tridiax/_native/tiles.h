@@ -89,10 +89,31 @@ ffi::Error Unsupported() {
   return ffi::Error::InvalidArgument("tridiax: unsupported dtype");
 }
 
+// Whether this library can hold rows of `type` in vector registers (lanes.h,
+// TRIDIAX_VECTOR_SCAN; real types).
+[[maybe_unused]] bool HasVectorRows(ffi::DataType type) {
+#if defined(TRIDIAX_VECTOR_SCAN)
+  return type == ffi::DataType::F32 || type == ffi::DataType::F64;
+#else
+  (void)type;
+  return false;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Geometry: which lanes a tile holds.
 
 enum Lanes : int64_t { kLanesQ = 0, kLanesP = 1, kLanesC = 2, kLanesCQ = 3 };
+
+// Tiles come in up to four classes, by length and width: tiles of full chunks (or of whole
+// systems) or of the short last chunk, each full-width or the narrower last block of lanes
+// along their dimension (Geometry::Class: 0 for full chunks at full width, plus kShortTiles,
+// plus kNarrowTiles). Every tile of a class has the same lanes, width and length, so whether a
+// kernel holds a tile's rows in vector registers is decided once per class, by the planner
+// (tridiax/_core/planner.py, `tile_classes` mirrors Geometry), and passed to the kernels that
+// can as their `scan` attribute: bit Class(tile) set where that class's tiles do. A kernel
+// does what `scan` says, or fails the call where a tile cannot be swept that way.
+constexpr int64_t kShortTiles = 2, kNarrowTiles = 1;
 
 struct Tile {
   int64_t p, c, q;  // first lane
@@ -148,6 +169,17 @@ struct Geometry {
   int64_t ChunkBlocks(int64_t n) const { return (n + per_tile - 1) / per_tile; }
   int64_t tiles() const { return main_tiles + tail_tiles; }
   int64_t Length(int64_t c) const { return std::min(chunk, N - c * chunk); }
+
+  // The width of a whole tile of t's lanes: the last block of lanes along a dimension may be
+  // narrower.
+  int64_t FullWidth(const Tile& t) const { return t.lanes == kLanesCQ ? per_tile * Q : W; }
+  // The class of tile t (0 to 3, see kShortTiles): whether it holds full chunks (or whole
+  // systems) or the short last chunk, and whether it is full-width or the last, narrower one.
+  int64_t Class(const Tile& t) const {
+    return (t.len != chunk ? kShortTiles : 0) + (t.w != FullWidth(t) ? kNarrowTiles : 0);
+  }
+  // Whether `scan`, a bit per class, says tile t's rows are held in vector registers.
+  bool Scans(int64_t scan, const Tile& t) const { return (scan >> Class(t)) & 1; }
 
   Tile At(int64_t t) const {
     Tile tile;
