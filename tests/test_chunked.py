@@ -13,7 +13,8 @@ import tridiax
 from tridiax import verify
 from tridiax._core import backend as _backend
 from tridiax._core import planner as _planner
-from tridiax._native import library as _native
+from tridiax._native import build as _native_build
+from tridiax._native import ffi as _native
 from tridiax._recurrence.primitive import recurrence_p
 from tridiax._tridiagonal.api import solve
 
@@ -419,7 +420,7 @@ def test_planner_says_which_classes_of_tiles_hold_rows_in_vector_registers(monke
                                                    tiling=plan.tiling, pivoted=False)
 
 
-@pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable")
+@pytest.mark.skipif(not _native_build.available(), reason="the native CPU kernel is unavailable")
 def test_native_kernels_refuse_rows_in_registers_they_cannot_hold():
     # A decision the kernel cannot carry out fails the call rather than being swept otherwise:
     # rows of 3 lanes do not divide a vector, and pivoted chunks and activations never scan.

@@ -15,11 +15,12 @@ from tridiax._core import backend as _backend
 from tridiax._core import planner as _planner
 from tridiax._long_systems import chunked as _chunked
 from tridiax._long_systems import composed_chunks as _composed_chunks
-from tridiax._native import library as _native
+from tridiax._native import build as _native_build
+from tridiax._native import ffi as _native
 
 pytestmark = [
     pytest.mark.cpu_device,
-    pytest.mark.skipif(not _native.available(), reason="needs the native kernels"),
+    pytest.mark.skipif(not _native_build.available(), reason="needs the native kernels"),
 ]
 
 BACKENDS = ("xla", "pallas_interpret")

@@ -304,7 +304,7 @@ def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tili
     (and x, the gate's states and h0 of their shapes, each of the full shape if not given), in
     each tiling, against kernel_loop."""
     from tridiax._core import planner as _planner
-    from tridiax._native import library as _native
+    from tridiax._native import ffi as _native
 
     rng = np.random.default_rng(seed)
     P, T, Q = shape

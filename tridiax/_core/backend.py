@@ -72,14 +72,15 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; choose one of {BACKENDS}"
     if backend == "native":
-        from .._native import library as _native
+        from .._native import build as _native_build
+        from .._native import ffi as _native
 
         if platform not in (None, "cpu"):
             return "the native kernels run on CPU"
         if op == "recurrence" and not _native.supports_recurrence(activation, dtype):
             return ("the native recurrence runs identity, relu and tanh (real dtypes), not "
                     f"{activation!r}")
-        if not _native.available():
+        if not _native_build.available():
             return "the native CPU kernel could not be built (python -m tridiax --info says why)"
     if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
             and activation is not None):
@@ -235,7 +236,7 @@ def _ignoring_tiling(fn):
 def kernels(backend: str) -> Kernels:
     """The kernels of `backend` (see BACKENDS)."""
     from .._long_systems import composed_chunks as _composed_chunks
-    from .._native import library as _native
+    from .._native import ffi as _native
     from .._pallas import tiles as _pallas_tiles
     from .._recurrence import pallas_triton as _pallas_recurrence
     from .._recurrence import xla as _xla_recurrence
@@ -290,11 +291,16 @@ def block_kernel(backend: str) -> Callable:
     k, m) right-hand side: `kernel(lower, diag, upper, b, *, kind, transposed, out_dtype)`
     (`_block/xla.py` states the algorithm every backend runs). Mosaic GPU has no
     block kernel and runs XLA's."""
-    return _family_kernel(backend, "_block", native="block_pnq")
+    kernel = _family_kernel(backend, "_block", native="block_pnq")
+    if backend == "native":  # the planner's cache size, which the kernel's tiles fit in
+        from . import planner as _planner
+
+        return functools.partial(kernel, cache=_planner.cpu_cache_bytes())
+    return kernel
 
 
 def _family_kernel(backend: str, family: str, *, native: str) -> Callable:
-    """The solve of a family with one kernel per backend: `_native/library.<native>`,
+    """The solve of a family with one kernel per backend: `_native/ffi.<native>`,
     `<family>/pallas_triton.solve_pnq` (Triton, or interpreted) and `<family>/xla.solve_pnq`."""
     import importlib
 
@@ -302,9 +308,9 @@ def _family_kernel(backend: str, family: str, *, native: str) -> Callable:
         return importlib.import_module(f"..{family}.{name}", __package__)
 
     if backend == "native":
-        from .._native import library
+        from .._native import ffi as _native
 
-        return getattr(library, native)
+        return getattr(_native, native)
     if backend in ("pallas_triton", "pallas_interpret"):
         options = ({"interpret": True} if backend == "pallas_interpret"
                    else {"compiler_params": _triton_params})

@@ -36,6 +36,7 @@ import pathlib
 import jax.numpy as jnp
 import numpy as np
 
+from .._native import build as _native_build
 from .dtypes import compute_dtype
 
 # Kernel kinds whose chunked form exists: the partition method without pivoting, and with
@@ -190,9 +191,7 @@ def _scan_rows(dtype) -> int:
     cdt = jnp.dtype(compute_dtype(dtype))
     if jnp.issubdtype(cdt, jnp.complexfloating):
         return 0
-    from .._native import library as _native  # the kernel says what it was built with (AVX2, compiler)
-
-    return _native.scan_rows(cdt.itemsize)
+    return _native_build.scan_rows(cdt.itemsize)  # what it was built with (AVX2, compiler)
 
 
 def _rows_by_tiles(P: int, N: int, dtype) -> bool:

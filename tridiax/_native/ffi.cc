@@ -1,5 +1,5 @@
 // The library's XLA FFI handlers, one per kernel entry point (kernels.h), registered by
-// tridiax/_native/library.py, which calls them by their target names; and what the
+// tridiax/_native/build.py under the target names tridiax/_native/ffi.py calls; and what the
 // library was built with, for the planner. Nothing else: the kernels are in their own sources.
 
 #include <cstdint>
@@ -136,7 +136,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBlockCpu, tridiax::cpu::BlockImpl,
                                   .Attr<bool>("transposed")
                                   .Attr<int64_t>("cache"));
 
-// What the library was built with (tridiax/_native/library.py asks, the planner decides from it).
+// What the library was built with (tridiax/_native/build.py asks, the planner decides from it).
 
 // Rows of a real element of `itemsize` bytes that one vector register holds where the kernels
 // hold rows of a lane in vector registers (lanes.h, TRIDIAX_VECTOR_SCAN); 0 where they cannot.

@@ -1,30 +1,10 @@
-"""The C++ CPU kernels (a source per kind of kernel, ffi.cc the handlers): built on first use,
-registered as XLA FFI targets.
-
-The library is compiled once per machine, source and jax version with the system C++
-compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
-$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax); the build logs a line to the "tridiax" logger
-(shown by default) as it starts, with where and what it will cost here (`_build_estimate`),
-and one when it is done, with the time it took. Where no compiler is found or the build fails,
-`available()` is False and the CPU falls back to the XLA formulation, with one warning that
-says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
+"""The calls into the C++ CPU kernels (`build.py` builds and registers them): operands in the
+(P, N, Q) view, the planner's decisions (tiles, chunks, the tiles that hold rows in vector
+registers, the cache a block tile fits in) passed on as FFI attributes, results out. Nothing
+here decides: what the kernels do is the planner's (`_core/planner.py`) and the caller's.
 """
 
 from __future__ import annotations
-
-import ctypes
-import ctypes.util
-import functools
-import hashlib
-import logging
-import os
-import pathlib
-import platform
-import shutil
-import subprocess
-import tempfile
-import time
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -32,211 +12,14 @@ import numpy as np
 
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
-from .._core.planner import cpu_cache_bytes
-
-_HERE = pathlib.Path(__file__).parent
-# One translation unit per kind of kernel, and ffi.cc, which only declares the FFI handlers.
-_SOURCES = tuple(_HERE / name for name in (
-    "solve.cc", "chunks.cc", "factor.cc", "recurrence.cc", "banded.cc", "block.cc", "ffi.cc"))
-_SOURCE = _SOURCES[0]
-_BLOCK_SOURCE = _HERE / "block.cc"
-# The headers the sources include: every one is hashed into the library's cache key.
-_HEADERS = tuple(sorted(_HERE.glob("*.h")))
-_LOG = logging.getLogger("tridiax")
-# FFI target names and the C++ symbols behind them.
-_TARGETS = {
-    "tridiax_thomas_cpu": "TridiaxThomasCpu",
-    "tridiax_chunk_ends_cpu": "TridiaxChunkEndsCpu",
-    "tridiax_chunk_solve_cpu": "TridiaxChunkSolveCpu",
-    "tridiax_factor_cpu": "TridiaxFactorCpu",
-    "tridiax_band_cotangents_cpu": "TridiaxBandCotangentsCpu",
-    "tridiax_recurrence_cpu": "TridiaxRecurrenceCpu",
-    "tridiax_recurrence_ends_cpu": "TridiaxRecurrenceEndsCpu",
-    "tridiax_banded_cpu": "TridiaxBandedCpu",
-    "tridiax_block_cpu": "TridiaxBlockCpu",
-}
-
-
-# -march=native: the library is cached per CPU (the key includes its feature flags).
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC")
-# -ffp-contract=off: no multiply-add is fused into one rounding, so every code path (vector
-# loops, scalar tails, tiles of any width) rounds each operation as the sequential sweep
-# written out does, and a system gets the same answer, bit for bit, in any batch or layout.
-# The block kernel fuses them (=fast) as XLA's CPU compiler does, so that its block
-# eliminations round as the XLA formulation's, bit for bit. TRIDIAX_FP_CONTRACT_OFF tells the
-# headers whose arithmetic must not be contracted (sweeps.h) that they may be included.
-_CONTRACTION = {_BLOCK_SOURCE: ("-ffp-contract=fast",)}
-
-
-def _source_flags(source: pathlib.Path) -> tuple[str, ...]:
-    return (*_FLAGS,
-            *_CONTRACTION.get(source, ("-ffp-contract=off", "-DTRIDIAX_FP_CONTRACT_OFF")))
-
-
-def _cpu_flags() -> str:
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    return next((line for line in text.splitlines() if line.startswith("flags")), "")
-
-
-@functools.cache
-def _vector_math_library() -> str | None:
-    """glibc's vector math library (libmvec, glibc >= 2.35: the float64 tanh of IndRNN), by the
-    name the linker takes (`libmvec.so.1`), or None where there is none."""
-    if platform.system() != "Linux":
-        return None
-    return ctypes.util.find_library("mvec")
-
-
-def _compile(compiler: str, out: pathlib.Path, *, vector_math: str | None) -> None:
-    # The sources compile side by side (each takes a while), then link into one library.
-    extra = ["-I", jax.ffi.include_dir(), *(["-DTRIDIAX_LIBMVEC"] if vector_math else [])]
-    objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
-    jobs = [subprocess.Popen([compiler, *_source_flags(source), *extra, "-c", str(source),
-                              "-o", str(obj)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-            for source, obj in zip(_SOURCES, objects)]
-    for job, (stdout, stderr) in [(job, job.communicate()) for job in jobs]:
-        if job.returncode:
-            raise subprocess.CalledProcessError(job.returncode, job.args, stdout, stderr)
-    cmd = [compiler, "-shared", *map(str, objects), "-o", str(out), "-lpthread",
-           *([f"-l:{vector_math}"] if vector_math else [])]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
-def _build(compiler: str, out: pathlib.Path) -> None:
-    """Build with libmvec where there is one; where that build fails, without it."""
-    vector_math = _vector_math_library()
-    if vector_math:
-        try:
-            return _compile(compiler, out, vector_math=vector_math)
-        except subprocess.CalledProcessError as err:
-            _LOG.warning("tridiax: building with glibc's %s failed (%s); building without it "
-                         "(float64 tanh IndRNNs then take libm's scalar tanh)", vector_math,
-                         (err.stderr or "").strip()[:200] or f"exit status {err.returncode}")
-    _compile(compiler, out, vector_math=None)
-
-
-# What compiling one source costs one core, low and high: the build notice's estimate.
-_SOURCE_SECONDS = (30, 50)
-
-
-def _build_estimate(cores: int | None = None) -> str:
-    """What the build costs on `cores` cores (default: those this process may run on), for
-    the notice: the sources compile side by side, so each core compiles ceil(sources /
-    cores) of them in turn."""
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # no sched_getaffinity outside Linux
-            cores = os.cpu_count() or 1
-    cores, sources = max(1, cores), len(_SOURCES)
-    rounds = -(-sources // cores)
-    low, high = (rounds * seconds for seconds in _SOURCE_SECONDS)
-    return (f"{sources} C++ source{'s' if sources > 1 else ''} on {cores} "
-            f"core{'s' if cores > 1 else ''}: about {low}-{high} s")
-
-
-@functools.cache
-def _library_path() -> pathlib.Path:
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    key = hashlib.sha256(
-        b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
-                    jax.__version__.encode(), _cpu_flags().encode(), compiler.encode(),
-                    *(" ".join(_source_flags(source)).encode() for source in _SOURCES),
-                    str(_vector_math_library()).encode()])
-    ).hexdigest()[:16]
-    cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
-    path = cache / f"cpu_kernels-{key}.so"
-    if not path.exists():
-        _LOG.warning(
-            "tridiax: building the native CPU kernel, once per machine, compiler and jax version "
-            "(%s), into %s (TRIDIAX_CACHE_DIR); silence this with "
-            "logging.getLogger('tridiax').setLevel(logging.ERROR)", _build_estimate(), path)
-        start = time.perf_counter()
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            built = pathlib.Path(tmp) / path.name
-            try:
-                _build(compiler, built)
-            except subprocess.CalledProcessError as err:
-                output = (err.stderr or err.stdout or "").strip() or "(no output)"
-                raise RuntimeError(f"building the kernels with {compiler} failed (exit status "
-                                   f"{err.returncode}):\n{output}") from None
-            os.replace(built, path)  # atomic: concurrent builders race harmlessly
-        _LOG.warning("tridiax: built the native CPU kernel in %.0f s", time.perf_counter() - start)
-    return path
-
-
-@functools.cache
-def scan_rows(itemsize: int) -> int:
-    """Rows of a real element of `itemsize` bytes that the kernel scans per vector register in
-    contiguous lanes (lanes.h, VectorOps): 16 float32 with AVX-512; 0 where the kernel
-    is not built or was built without the scans."""
-    if not available():
-        return 0
-    function = ctypes.cdll.LoadLibrary(str(_library_path())).TridiaxScanRows
-    function.restype = ctypes.c_int64
-    function.argtypes = [ctypes.c_int64]
-    return int(function(itemsize))
-
-
-@functools.cache
-def vector_math() -> bool:
-    """Whether the built kernel takes float64 tanh from glibc's vector math library (libmvec);
-    False where the kernel is not built, or was built without it."""
-    if not available():
-        return False
-    function = ctypes.cdll.LoadLibrary(str(_library_path())).TridiaxVectorMath
-    function.restype = ctypes.c_int64
-    return bool(function())
-
-
-@functools.cache
-def unavailable_reason() -> str | None:
-    """Why the native CPU kernel cannot run (None: it is built and registered; builds it on first
-    call): TRIDIAX_NATIVE=0, no compiler, or the compiler's error."""
-    if os.environ.get("TRIDIAX_NATIVE", "1") == "0":
-        return "TRIDIAX_NATIVE=0 turns it off"
-    try:
-        library = ctypes.cdll.LoadLibrary(str(_library_path()))
-        for target, symbol in _TARGETS.items():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
-                                        platform="cpu")
-    except (OSError, RuntimeError) as err:
-        return str(err)
-    return None
-
-
-def library_path() -> pathlib.Path | None:
-    """Where the built library is cached (None: not built)."""
-    return None if unavailable_reason() else _library_path()
-
-
-@functools.cache
-def available() -> bool:
-    """Whether the native CPU kernel is built and registered (builds it on first call)."""
-    reason = unavailable_reason()
-    if reason is not None and os.environ.get("TRIDIAX_NATIVE", "1") != "0":
-        warnings.warn(
-            f"tridiax: the native CPU kernel is unavailable ({reason}); using the slower XLA "
-            "formulation on CPU (python -m tridiax --info says more).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return reason is None
-
+from . import build
 
 _KINDS = {"thomas": 0, "factored": 1, "periodic": 2, "pivoted": 3}
 _LANES = {"q": 0, "p": 1, "c": 2, "cq": 3}
 
 
 def _require():
-    if not available():
+    if not build.available():
         raise RuntimeError("the native CPU kernel is unavailable; use backend='xla'.")
 
 
@@ -405,7 +188,7 @@ def banded_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype)
 _BLOCK_KINDS = {"block": 0, "block_pivoted": 1, "block_hermitian": 2}
 
 
-def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype):
+def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, cache: int):
     """Solve A x = b (A^T x = b when `transposed`, no conjugate) along axis 1 with the C++
     block-tridiagonal kernel (block.cc), the block Thomas algorithm of
     `_xla_block.solve_pnq`: `lower`, `diag`, `upper` (P|1, N|1, Q|1, k, k), block row i reading
@@ -413,7 +196,8 @@ def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype):
     lower[0] and upper[N-1] are never read), `b` (P, N, Q, k, m); `kind` "block",
     "block_pivoted" (partial pivoting inside each diagonal block) or "block_hermitian".
     Returns x, (P, N, Q, k, m) of `out_dtype`; float16/bfloat16 are solved in float32 and
-    rounded once."""
+    rounded once. `cache`: the bytes of a core's cache a tile's work should fit in (the
+    planner's `cpu_cache_bytes`)."""
     _require()
     if kind not in _BLOCK_KINDS:
         raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(_BLOCK_KINDS)}")
@@ -428,4 +212,4 @@ def block_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype):
     (lower, diag, upper, b), cdt = _cast((lower, diag, upper, b), out_dtype)
     call = jax.ffi.ffi_call("tridiax_block_cpu", jax.ShapeDtypeStruct(b.shape, cdt))
     return call(lower, diag, upper, b, kind=np.int64(_BLOCK_KINDS[kind]),
-                transposed=bool(transposed), cache=np.int64(cpu_cache_bytes())).astype(out_dtype)
+                transposed=bool(transposed), cache=np.int64(cache)).astype(out_dtype)
