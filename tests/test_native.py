@@ -80,13 +80,22 @@ def test_a_build_that_cannot_link_libmvec_builds_without_it(tmp_path):
 
 
 def test_build_notice_estimates_from_the_sources_and_the_cores(monkeypatch):
-    # The sources compile side by side, one per core: each core compiles ceil(sources / cores)
-    # of them in turn. No build runs here.
+    # The sources compile side by side, one per core, longest first: one core compiles them
+    # all in turn, enough cores take as long as the longest, and sources that cost the same
+    # take ceil(sources / cores) times one. No build runs here.
     import math
 
     from tridiax._native import build as _native
 
-    low, high = _native._SOURCE_SECONDS
+    def seconds(cores):
+        return tuple(map(int, re.search(r"about (\d+)-(\d+) s$", _native._build_estimate(cores))
+                         .groups()))
+
+    costs = [_native._seconds(source) for source in _native._SOURCES]
+    assert seconds(1) == tuple(sum(c[k] for c in costs) for k in (0, 1))
+    assert seconds(len(costs)) == tuple(max(c[k] for c in costs) for k in (0, 1))
+    assert seconds(1) > seconds(2) > seconds(len(costs))
+    low, high = _native._seconds(_native._SOURCES[0])
     for sources in (1, 3, 5):
         monkeypatch.setattr(_native, "_SOURCES", _native._SOURCES[:1] * sources)
         for cores in (1, 2, 3, 8):

@@ -13,6 +13,7 @@ says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
@@ -85,19 +86,46 @@ def _vector_math_library() -> str | None:
     return ctypes.util.find_library("mvec")
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity outside Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# What compiling each source costs one core, in seconds, low and high: the order the sources
+# are started in (longest first, so that the cores finish together) and the build notice's
+# estimate. A source not listed counts as _DEFAULT_SECONDS.
+_SOURCE_SECONDS = {"block.cc": (15, 30), "banded.cc": (15, 30), "recurrence.cc": (8, 16),
+                   "chunks.cc": (5, 10), "solve.cc": (3, 7), "ffi.cc": (3, 7),
+                   "factor.cc": (3, 6)}
+_DEFAULT_SECONDS = (5, 10)
+
+
+def _seconds(source: pathlib.Path) -> tuple[int, int]:
+    return _SOURCE_SECONDS.get(source.name, _DEFAULT_SECONDS)
+
+
 def _compile(compiler: str, out: pathlib.Path, *, vector_math: str | None) -> None:
-    # The sources compile side by side (each takes a while), then link into one library.
+    """One compiler process per source, as many at once as there are cores, the longest
+    first; then one link into the library."""
     extra = ["-I", jax.ffi.include_dir(), *(["-DTRIDIAX_LIBMVEC"] if vector_math else [])]
-    objects = [out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES]
-    jobs = [subprocess.Popen([compiler, *_source_flags(source), *extra, "-c", str(source),
-                              "-o", str(obj)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-            for source, obj in zip(_SOURCES, objects)]
-    for job, (stdout, stderr) in [(job, job.communicate()) for job in jobs]:
+    objects = {source: out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES}
+
+    def compile_one(source):
+        cmd = [compiler, *_source_flags(source), *extra, "-c", str(source), "-o",
+               str(objects[source])]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    order = sorted(_SOURCES, key=lambda source: -_seconds(source)[1])
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_cores()) as pool:
+        done = list(pool.map(compile_one, order))
+    for job in done:
         if job.returncode:
-            raise subprocess.CalledProcessError(job.returncode, job.args, stdout, stderr)
-    cmd = [compiler, "-shared", *map(str, objects), "-o", str(out), "-lpthread",
-           *([f"-l:{vector_math}"] if vector_math else [])]
+            raise subprocess.CalledProcessError(job.returncode, job.args, job.stdout, job.stderr)
+    cmd = [compiler, "-shared", *(str(objects[source]) for source in _SOURCES), "-o", str(out),
+           "-lpthread", *([f"-l:{vector_math}"] if vector_math else [])]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
@@ -114,22 +142,19 @@ def _build(compiler: str, out: pathlib.Path) -> None:
     _compile(compiler, out, vector_math=None)
 
 
-# What compiling one source costs one core, low and high: the build notice's estimate.
-_SOURCE_SECONDS = (30, 50)
-
-
 def _build_estimate(cores: int | None = None) -> str:
     """What the build costs on `cores` cores (default: those this process may run on), for
-    the notice: the sources compile side by side, so each core compiles ceil(sources /
-    cores) of them in turn."""
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # no sched_getaffinity outside Linux
-            cores = os.cpu_count() or 1
-    cores, sources = max(1, cores), len(_SOURCES)
-    rounds = -(-sources // cores)
-    low, high = (rounds * seconds for seconds in _SOURCE_SECONDS)
+    the notice: the sources compile as `_compile` starts them, longest first, each on the
+    first core to be free."""
+    cores, sources = max(1, cores or _cores()), len(_SOURCES)
+
+    def finish(costs):
+        free = [0] * cores
+        for cost in sorted(costs, reverse=True):
+            free[free.index(min(free))] += cost
+        return max(free)
+
+    low, high = (finish([_seconds(source)[k] for source in _SOURCES]) for k in (0, 1))
     return (f"{sources} C++ source{'s' if sources > 1 else ''} on {cores} "
             f"core{'s' if cores > 1 else ''}: about {low}-{high} s")
 
