@@ -87,7 +87,7 @@ def main():
               f"{'rel. err':>10}")
     print(header)
     if jax.devices()[0].platform == "cpu":
-        from tridiax._native import library as _native
+        from tridiax._native import build as _native
 
         _native.available()  # build the native kernel now, not inside a compile time
     for axis in (0, -1):

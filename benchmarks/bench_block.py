@@ -102,7 +102,7 @@ def main():
     print(f"{'k':>3} {'layout':<16}{'method':<24}{'ms':>10}{'/ floor':>9}{'compile s':>11}"
           f"{'rel. err':>10}")
     if jax.devices()[0].platform == "cpu":
-        from tridiax._native import library as _native
+        from tridiax._native import build as _native
 
         _native.available()  # build the native kernel now, not inside a compile time
     for k in args.k:

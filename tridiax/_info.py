@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from . import __version__
 from ._core import backend as _backend
 from ._core import planner as _planner
-from ._native import library as _native
+from ._native import build as _native
 
 DTYPES = ("float32", "float64", "complex64", "complex128")
 

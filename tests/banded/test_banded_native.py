@@ -1,4 +1,4 @@
-"""The native banded kernel (cpu_banded.cc through `_native.banded_pnq`) against the XLA
+"""The native banded kernel (banded.cc through `_native.banded_pnq`) against the XLA
 formulation it follows step for step (`_xla_banded.solve_pnq`), scipy.linalg.solve_banded and
 dense NumPy solves (transposed systems).
 
@@ -18,11 +18,12 @@ import scipy.linalg
 from helpers import compile_unoptimized, wide
 
 from tridiax._banded import xla as _xla_banded
-from tridiax._native import library as _native
+from tridiax._native import build as _native_build
+from tridiax._native import ffi as _native
 
 pytestmark = [
     pytest.mark.cpu_device,
-    pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable"),
+    pytest.mark.skipif(not _native_build.available(), reason="the native CPU kernel is unavailable"),
 ]
 
 BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0), (8, 8)]

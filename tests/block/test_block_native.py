@@ -1,4 +1,4 @@
-"""The native block-tridiagonal kernel (cpu_block.cc through `_native.block_pnq`) against dense
+"""The native block-tridiagonal kernel (block.cc through `_native.block_pnq`) against dense
 float64/complex128 NumPy solves of the assembled matrices, block residuals for many systems,
 and the XLA formulation it follows step for step (`_xla_block.solve_pnq`).
 
@@ -18,11 +18,13 @@ from helpers import wide
 
 import tridiax
 from tridiax._block import xla as _xla_block
-from tridiax._native import library as _native
+from tridiax._core.planner import cpu_cache_bytes
+from tridiax._native import build as _native_build
+from tridiax._native import ffi as _native
 
 pytestmark = [
     pytest.mark.cpu_device,
-    pytest.mark.skipif(not _native.available(), reason="the native CPU kernel is unavailable"),
+    pytest.mark.skipif(not _native_build.available(), reason="the native CPU kernel is unavailable"),
 ]
 
 KINDS = ("block", "block_pivoted", "block_hermitian")
@@ -35,6 +37,8 @@ TOL = {
     np.dtype(np.float64): 1e-13,
     np.dtype(np.complex128): 1e-13,
 }
+# The cache a tile fits in, as the planner gives it to the kernel (`_core/backend.py`).
+CACHE = cpu_cache_bytes()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +134,7 @@ def residual(clean, b, x, transposed):
 def native(operands, kind, transposed, dtype=None):
     *blocks, b = operands
     out = _native.block_pnq(*map(jnp.asarray, blocks), jnp.asarray(b), kind=kind,
-                            transposed=transposed, out_dtype=dtype or b.dtype)
+                            transposed=transposed, out_dtype=dtype or b.dtype, cache=CACHE)
     return np.array(out)
 
 
@@ -395,7 +399,7 @@ def test_hermitian_indefinite_system_is_all_nan_alone(k, shape, dtype):
 def test_under_jit_and_zero_sizes():
     operands, clean = problem("block", (3, 7, 5), 2, 2, seed=23)
     f = jax.jit(lambda *ops: _native.block_pnq(*ops, kind="block", transposed=False,
-                                               out_dtype=jnp.float64))
+                                               out_dtype=jnp.float64, cache=CACHE))
     assert_close(f(*operands), reference(clean, operands[-1], False), 1e-13)
     for shape in [(0, 7, 5), (3, 0, 5), (3, 7, 0)]:
         for k, m in [(2, 1), (0, 1), (2, 0)]:

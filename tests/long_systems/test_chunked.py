@@ -13,6 +13,8 @@ import tridiax
 from tridiax import verify
 from tridiax._core import backend as _backend
 from tridiax._core import planner as _planner
+from tridiax._native import build as _native_build
+from tridiax._native import ffi as _native
 from tridiax._recurrence.primitive import recurrence_p
 from tridiax._tridiagonal.api import solve
 
@@ -115,7 +117,7 @@ def test_chunks_of_contiguous_rows_solve_and_transposed_solve(bands_shape, perio
 @pytest.mark.parametrize("bands_shape", ["per_system", "one_row", "one_value", "shared_by_q"])
 def test_rows_of_a_few_lanes_solve_and_transposed_solve(bands_shape, Q, periodic, dtype):
     """(P, N, Q) along axis 1 with Q dividing a vector: the sweeps over chunks read a tile of
-    one vector of lanes (L/Q chunks) straight into registers (cpu_kernels.cc, EndsOfRuns and
+    one vector of lanes (L/Q chunks) straight into registers (chunks.cc, EndsOfRuns and
     SolveOfRuns; chunks of 97 and 91 rows, and of 2 and 3: one or two interior rows); a
     narrower last tile of long chunks (11 chunks of 91), the whole solve (chunk=0) and short
     chunks sweep the Q lanes of a chunk through RowReader's blocks; with the bands per
@@ -387,6 +389,55 @@ def test_planner_batch_first_tiles():
     complex_tiling = _planner.solve_plan("native", "cpu", 100_000, 100, 1, np.complex64,
                                          kind="thomas").tiling
     assert complex_tiling.width == max(8, 2 * _planner.vector_lanes(np.complex64))
+
+
+def test_planner_says_which_classes_of_tiles_hold_rows_in_vector_registers(monkeypatch):
+    # The kernels hold a lane's rows in vector registers where the plan says so
+    # (`CpuTiling.scan`, a bit per class of tile), decided here as for a kernel whose vectors
+    # hold 16 rows. One sequence of 1000 steps in chunks of 64: 15 full chunks in one tile of
+    # lanes along the chunks (narrower than 16: class 1), the short last chunk of 40 steps
+    # apart (class 3); both scanned, being at least a vector long.
+    monkeypatch.setattr(_planner, "_scan_rows", lambda dtype: 16)
+    tiling = _planner.CpuTiling("c", 16)
+    assert _planner.tile_classes(1, 1000, 1, 64, tiling) == {1: ("c", 15, 64), 3: ("p", 1, 40)}
+    scans = dict(chunk=64, tiling=tiling)
+    assert _planner.recurrence_scans(1, 1000, 1, np.float32, **scans) == 0b1010
+    assert _planner.recurrence_scans(1, 1000, 1, np.float32, **scans, linear=False) == 0
+    # Chunks of 66: the last one, 10 steps, is swept.
+    assert _planner.recurrence_scans(1, 1000, 1, np.float32, chunk=66, tiling=tiling) == 0b10
+    # (1000, 4) along axis 0 in chunks of 64, tiles of all 4 lanes of 4 chunks: three whole
+    # tiles of one vector read their rows as runs (class 0); the last, of 3 chunks, and the
+    # short last chunk (lanes along Q) do not; nor does any pivoted tile.
+    tiling = _planner.CpuTiling("cq", 16)
+    assert _planner.tile_classes(1, 1000, 4, 64, tiling) == {
+        0: ("cq", 16, 64), 1: ("cq", 12, 64), 3: ("q", 4, 40)}
+    runs = dict(chunk=64, tiling=tiling)
+    assert _planner.chunk_runs(1, 1000, 4, np.float32, **runs, pivoted=False) == 0b1
+    assert _planner.chunk_runs(1, 1000, 4, np.float32, **runs, pivoted=True) == 0
+    # The plans carry the decision to the kernels.
+    plan = _planner.solve_plan("native", "cpu", 1, 1000, 4, np.float32, kind="thomas", chunk=64)
+    assert plan.tiling.scan == _planner.chunk_runs(1, 1000, 4, np.float32, chunk=plan.chunk,
+                                                   tiling=plan.tiling, pivoted=False)
+
+
+@pytest.mark.skipif(not _native_build.available(), reason="the native CPU kernel is unavailable")
+def test_native_kernels_refuse_rows_in_registers_they_cannot_hold():
+    # A decision the kernel cannot carry out fails the call rather than being swept otherwise:
+    # rows of 3 lanes do not divide a vector, and pivoted chunks and activations never scan.
+    x = jnp.ones((1, 100, 3))
+    scan = _planner.CpuTiling("q", 3, scan=1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="scan"):
+        _native.recurrence_pnq(0.5 * x, x, x[:, :1], reverse=False, shifted=False,
+                               activation=None, final_only=False, out_dtype=x.dtype,
+                               tiling=scan).block_until_ready()
+    with pytest.raises(jax.errors.JaxRuntimeError, match="scan"):
+        _native.chunk_ends_pnq(x, x + 3, x, x, transposed=False, periodic=False, chunk=10,
+                               tiling=scan, pivoting=True)[0].block_until_ready()
+    one = x[..., :1]
+    with pytest.raises(jax.errors.JaxRuntimeError, match="scan"):
+        _native.recurrence_pnq(0.5 * one, one, one[:, :1], reverse=False, shifted=False,
+                               activation=jnp.tanh, final_only=False, out_dtype=x.dtype,
+                               tiling=_planner.CpuTiling("p", 8, scan=1)).block_until_ready()
 
 
 def test_gpu_plan_fills_the_sms_with_chunks_that_divide_n():

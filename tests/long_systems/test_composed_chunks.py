@@ -2,6 +2,7 @@
 the native C++ chunk kernels they stand in for, and end to end through `_long_systems/chunked.py` against
 SciPy, a dense solve and a NumPy loop, on the "xla" and "pallas_interpret" backends."""
 
+import dataclasses
 import functools
 
 import jax
@@ -14,11 +15,12 @@ from tridiax._core import backend as _backend
 from tridiax._core import planner as _planner
 from tridiax._long_systems import chunked as _chunked
 from tridiax._long_systems import composed_chunks as _composed_chunks
-from tridiax._native import library as _native
+from tridiax._native import build as _native_build
+from tridiax._native import ffi as _native
 
 pytestmark = [
     pytest.mark.cpu_device,
-    pytest.mark.skipif(not _native.available(), reason="needs the native kernels"),
+    pytest.mark.skipif(not _native_build.available(), reason="needs the native kernels"),
 ]
 
 BACKENDS = ("xla", "pallas_interpret")
@@ -67,8 +69,16 @@ def solve_cases():
     return out
 
 
-def native_tiling(P, N, Q, m, dtype, columns=3):
-    return _planner.cpu_tiling(P, -(-N // m), Q, m, dtype, columns=columns)
+def native_tiling(P, N, Q, m, dtype, columns=3, linear=True):
+    """The planner's tiles for the native chunk sweeps (columns=3, unpivoted) or a chunked
+    recurrence (columns=0; `linear`: without an activation), with its choice of the tiles whose
+    rows are held in vector registers."""
+    tiling = _planner.cpu_tiling(P, -(-N // m), Q, m, dtype, columns=columns)
+    if columns:
+        scan = _planner.chunk_runs(P, N, Q, dtype, chunk=m, tiling=tiling, pivoted=False)
+    else:
+        scan = _planner.recurrence_scans(P, N, Q, dtype, chunk=m, tiling=tiling, linear=linear)
+    return dataclasses.replace(tiling, scan=scan)
 
 
 def compare_solve_sweeps(backend, shapes, m, transposed, periodic, dtype, seed):
@@ -227,7 +237,8 @@ def test_chunked_run_with_activation_and_unchunked_calls(backend):
                   out_dtype=np.float64)
     got = kernels.recurrence(a, x, h0, **common, tiling=None, chunk=m)
     want = _native.recurrence_pnq(a, x, h0, **common, chunk=m,
-                                  tiling=native_tiling(P, T, Q, m, np.float64, columns=0))
+                                  tiling=native_tiling(P, T, Q, m, np.float64, columns=0,
+                                                       linear=False))
     assert_matches(got, want, np.float64, "tanh run")
     plain = kernels.recurrence(a, x, h0[:, :1], **common, tiling=None)
     tiling = _planner.cpu_tiling(P, 1, Q, T, np.float64, columns=0)

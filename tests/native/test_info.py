@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import tridiax
-from tridiax._native import library as _native
+from tridiax._native import build as _native
 
 ROOT = pathlib.Path(__file__).parents[2]
 

@@ -25,7 +25,7 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
     # The compiler here stands in for the real one (objects: empty files; the library: the one
     # this process built or found in its cache), so that no case here pays a compile; the real
     # build runs on first use in a fresh cache (a fresh CI machine: every native test).
-    from tridiax._native import library as _native
+    from tridiax._native import build as _native
 
     assert _native.available(), "the native kernel could not be built: python -m tridiax --info"
     compiler = tmp_path / "compiler"
@@ -60,7 +60,7 @@ def test_first_build_logs_one_line_with_the_cache_path(tmp_path):
 def test_a_build_that_cannot_link_libmvec_builds_without_it(tmp_path):
     # A stand-in compiler that fails whatever asks for libmvec: the kernel is built again
     # without it, with one warning saying so, and solves.
-    from tridiax._native import library as _native
+    from tridiax._native import build as _native
 
     if _native._vector_math_library() is None:
         pytest.skip("no libmvec on this machine: nothing to fall back from")
@@ -80,15 +80,24 @@ def test_a_build_that_cannot_link_libmvec_builds_without_it(tmp_path):
 
 
 def test_build_notice_estimates_from_the_sources_and_the_cores(monkeypatch):
-    # The sources compile side by side, one per core: each core compiles ceil(sources / cores)
-    # of them in turn. No build runs here.
+    # The sources compile side by side, one per core, longest first: one core compiles them
+    # all in turn, enough cores take as long as the longest, and sources that cost the same
+    # take ceil(sources / cores) times one. No build runs here.
     import math
 
-    from tridiax._native import library as _native
+    from tridiax._native import build as _native
 
-    low, high = _native._SOURCE_SECONDS
+    def seconds(cores):
+        return tuple(map(int, re.search(r"about (\d+)-(\d+) s$", _native._build_estimate(cores))
+                         .groups()))
+
+    costs = [_native._seconds(source) for source in _native._SOURCES]
+    assert seconds(1) == tuple(sum(c[k] for c in costs) for k in (0, 1))
+    assert seconds(len(costs)) == tuple(max(c[k] for c in costs) for k in (0, 1))
+    assert seconds(1) > seconds(2) > seconds(len(costs))
+    low, high = _native._seconds(_native._SOURCES[0])
     for sources in (1, 3, 5):
-        monkeypatch.setattr(_native, "_SOURCES", (_native._SOURCE,) * sources)
+        monkeypatch.setattr(_native, "_SOURCES", _native._SOURCES[:1] * sources)
         for cores in (1, 2, 3, 8):
             rounds = math.ceil(sources / cores)
             text = _native._build_estimate(cores)

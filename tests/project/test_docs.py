@@ -68,7 +68,7 @@ def test_docstrings_name_the_kernels_that_run():
     assert "on CPU an XLA loop" not in doc
     assert "C++ kernel" in doc
     from tridiax._core.backend import default_backend
-    from tridiax._native import library as _native
+    from tridiax._native import build as _native
 
     assert default_backend("cpu", "float32") == ("native" if _native.available() else "xla")
 
@@ -145,7 +145,7 @@ def test_periodic_pivoting_cost_agrees_with_the_benchmark():
 def test_cxx_default_is_the_code_s_and_the_same_everywhere():
     # The README said `c++`, the getting-started page `c++`, else `g++`: both now name the
     # compilers in the order _native._library_path tries them after $CXX.
-    from tridiax._native import library as _native
+    from tridiax._native import build as _native
 
     tried = re.findall(r'shutil\.which\("([^"]+)"\)', inspect.getsource(_native._library_path))
     assert tried == ["c++", "g++"], tried

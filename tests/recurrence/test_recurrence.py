@@ -1,5 +1,7 @@
 """linear_recurrence and indrnn against a NumPy loop and lax.associative_scan, every backend."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -301,7 +303,8 @@ def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tili
     """The kernel's runs (and chunk ends) of (P, T, Q) operands, `a` of `a_shape` broadcast
     (and x, the gate's states and h0 of their shapes, each of the full shape if not given), in
     each tiling, against kernel_loop."""
-    from tridiax._native import library as _native
+    from tridiax._core import planner as _planner
+    from tridiax._native import ffi as _native
 
     rng = np.random.default_rng(seed)
     P, T, Q = shape
@@ -326,7 +329,10 @@ def check_native_scan(dtype, shape, a_shape, chunk, reverse, shifted, gate, tili
     kernel_gate = None if gate is None else (given(states[0], gate_shape),
                                              getattr(jax.nn, gate, jnp.tanh))
     a_in, x_in, h0_in = given(a, a_shape), given(x, x_shape), given(h0, h0_shape)
-    for tiling in tilings:
+    for tiles in tilings:
+        # The planner's choice of the tiles scanned in vector registers, for these tiles.
+        tiling = dataclasses.replace(tiles, scan=_planner.recurrence_scans(
+            P, T, Q, dtype, chunk=chunk, tiling=tiles))
         got = _native.recurrence_pnq(a_in, x_in, h0_in, reverse=reverse, shifted=shifted,
                                      activation=None, final_only=False, out_dtype=dtype,
                                      tiling=tiling, chunk=chunk, gate=kernel_gate)

@@ -72,14 +72,15 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; choose one of {BACKENDS}"
     if backend == "native":
-        from .._native import library as _native
+        from .._native import build as _native_build
+        from .._native import ffi as _native
 
         if platform not in (None, "cpu"):
             return "the native kernels run on CPU"
         if op == "recurrence" and not _native.supports_recurrence(activation, dtype):
             return ("the native recurrence runs identity, relu and tanh (real dtypes), not "
                     f"{activation!r}")
-        if not _native.available():
+        if not _native_build.available():
             return "the native CPU kernel could not be built (python -m tridiax --info says why)"
     if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
             and activation is not None):
@@ -246,7 +247,7 @@ def kernels(backend: str) -> Kernels:
     from .._block import pallas_triton as _pallas_block
     from .._block import xla as _xla_block
     from .._long_systems import composed_chunks as _composed_chunks
-    from .._native import library as _native
+    from .._native import ffi as _native
     from .._pallas import tiles as _pallas_tiles
     from .._recurrence import pallas_triton as _pallas_recurrence
     from .._recurrence import xla as _xla_recurrence
@@ -256,7 +257,9 @@ def kernels(backend: str) -> Kernels:
     if backend == "native":
         return Kernels(_native.solve_pnq, _native.chunk_ends_pnq, _native.chunk_solve_pnq,
                        _native.factor_pnq, _native.recurrence_pnq, _native.recurrence_ends_pnq,
-                       _native.banded_pnq, _native.block_pnq)
+                       _native.banded_pnq,
+                       # the planner's cache size, which the block kernel's tiles fit in
+                       functools.partial(_native.block_pnq, cache=_planner.cpu_cache_bytes()))
 
     def composed(solve, recurrence, factor, banded, block, *, stack=True):
         # The chunk sweeps composed from the plain kernels (`_long_systems/composed_chunks.py`).

@@ -14,6 +14,10 @@ Kernels receive decisions, they do not make them. Two decisions, one small funct
   cuSPARSE instead.
 - **Tiles** (`cpu_tiling`, `gpu_tiles`): how many systems (lanes) one program or one C++ tile
   sweeps together, and along which dimension of the (P, C, Q) lanes.
+- **Rows in vector registers** (`recurrence_scans`, `chunk_runs`): which of the C++ tiles hold
+  consecutive rows of a lane in one vector (recurrences scanned, the Thomas chunks' rows read
+  as runs) rather than sweeping a row of lanes at a time; the kernels do as `CpuTiling.scan`
+  says, or fail the call.
 
 What stays sequential: factored solves and nonlinear (IndRNN) recurrences are never chunked,
 pivoted solves only while their systems leave vector lanes idle (docs/guides/long-systems.md);
@@ -32,6 +36,7 @@ import pathlib
 import jax.numpy as jnp
 import numpy as np
 
+from .._native import build as _native_build
 from .dtypes import compute_dtype
 
 # Kernel kinds whose chunked form exists: the partition method without pivoting, and with
@@ -58,7 +63,7 @@ GPU_SECTOR_BYTES = 32
 MIN_CHUNK = 16
 # The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
 CHUNK_ROW_BYTES = 16384
-# Fewer values than this run on one core anyway (cpu_kernels.cc, RunTiles): never chunked.
+# Fewer values than this run on one core anyway (threads.h, RunTiles): never chunked.
 MIN_CHUNKED_WORK = 1 << 16
 # Vectors of systems per tile where batch-first float32 systems go by tiles of rows
 # (`_rows_by_tiles`): four chains of divisions in flight. 100 000 systems of 100 rows, one core:
@@ -71,11 +76,14 @@ ROWS_TILE_VECTORS = 4
 class CpuTiling:
     """A C++ tile: `width` lanes along `lanes` ("q": contiguous systems; "p": systems N*Q
     values apart; "c": chunks of one system; "cq": all Q systems of width / Q chunks, whose
-    rows of Q values are read as one run each). Every lane is swept row after row, whatever
-    the tile: the tile decides only how rows are moved, never the order of operations."""
+    rows of Q values are read as one run each). Every lane of a solve is swept row after row,
+    whatever the tile: the tile decides only how rows are moved, never the order of operations.
+    `scan`: a bit per class of tile (`tile_classes`) whose rows are held in vector registers
+    (`recurrence_scans`, `chunk_runs`); 0 for kernels that have no such choice."""
 
     lanes: str
     width: int
+    scan: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,9 +191,7 @@ def _scan_rows(dtype) -> int:
     cdt = jnp.dtype(compute_dtype(dtype))
     if jnp.issubdtype(cdt, jnp.complexfloating):
         return 0
-    from .._native import library as _native  # the kernel says what it was built with (AVX2, compiler)
-
-    return _native.scan_rows(cdt.itemsize)
+    return _native_build.scan_rows(cdt.itemsize)  # what it was built with (AVX2, compiler)
 
 
 def _rows_by_tiles(P: int, N: int, dtype) -> bool:
@@ -202,7 +208,7 @@ def _rows_by_tiles(P: int, N: int, dtype) -> bool:
 
 def scanned_lanes(Q: int, dtype) -> bool:
     """Whether the native kernel can scan lanes Q values apart inside vector registers (linear
-    recurrences: cpu_kernels.cc, ScanLanes), or move a chunk's rows of Q values as runs of one
+    recurrences: recurrence.cc, ScanLanes), or move a chunk's rows of Q values as runs of one
     vector (Thomas chunks: EndsOfRuns, SolveOfRuns): real lanes whose rows are contiguous
     (Q == 1), or rows of Q values, Q dividing a vector, all Q lanes of a tile together
     (`cpu_tiling` gives such tiles where there are few systems)."""
@@ -394,7 +400,7 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # side by side). Other runs lost: 12- and 24-byte runs go value by value, and 32-byte
         # runs (float64 (10^6, 4), 2 chunks a tile) took 2-3x longer than reading the rows in
         # place, but for Thomas chunks whose runs the kernel loads straight into a vector (Q
-        # dividing it: cpu_kernels.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5-6.4 ->
+        # dividing it: chunks.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5-6.4 ->
         # 2.0-2.6 ms); recurrences (no division) keep their rows in place too: float64 (10^6, 2) 4.4
         # -> 5.2-6.0 ms with these tiles.
         chunks = min(-(-L // Q), max(1, -(-P * C // cores)))
@@ -451,6 +457,92 @@ def _chunk_tile_width(Q: int, itemsize: int) -> int:
     return -(-Q // (parts * 8)) * 8
 
 
+# ---------------------------------------------------------------------------------------------
+# Rows in vector registers.
+
+
+def tile_classes(P: int, N: int, Q: int, chunk: int, tiling: CpuTiling) -> dict:
+    """The C++ kernel's tiles of P x C x Q lanes of N rows, in chunks of `chunk` rows (0: whole
+    systems), as `tiling` lays them out (tiles.h, Geometry, which this mirrors): {class: (lanes,
+    width, rows)} for every class that has tiles. A class is 2 * short + narrow: whether its
+    tiles hold the short last chunk, and whether they are the last, narrower block of lanes
+    along their dimension; every tile of a class has the same lanes, width and rows."""
+    W = max(1, tiling.width)
+    m = min(chunk, N) if chunk > 0 else N
+    C = -(-N // m)
+    lanes = tiling.lanes
+    if lanes == "cq" and (C == 1 or W < Q):
+        lanes = "q"  # Geometry: CQ tiles of one chunk, or narrower than a row, are Q tiles
+    last = N - (C - 1) * m  # rows of the last chunk (m when it is full)
+    counts = {"p": P, "q": Q}
+    classes = {}
+
+    def add(lanes, count, unit, full_width, rows_of_class):
+        """Tiles of `count` lanes (chunks for "c" and "cq") in blocks of `unit`, each of
+        `full_width` lanes when whole."""
+        widths = ([full_width] if count >= unit else []) + (
+            [count % unit * full_width // unit] if count % unit else [])
+        for rows in rows_of_class:
+            for width in widths:
+                classes[2 * (rows != m) + (width != full_width)] = (lanes, width, rows)
+
+    rows = [m] + ([last] if last != m else [])
+    if lanes in ("c", "cq"):
+        main = C if last == m else C - 1  # the full chunks; the last short one goes apart
+        unit = W // Q if lanes == "cq" else W
+        add(lanes, main, unit, unit * (Q if lanes == "cq" else 1), [m])
+        if last != m:
+            tail = "p" if P >= Q else "q"
+            add(tail, counts[tail], W, W, [last])
+    else:
+        add(lanes, counts[lanes], W, W, rows)
+    return classes
+
+
+def _groupable(Q: int, rows: int) -> bool:
+    """Whether rows of Q values share a vector of `rows` values (lanes.h, Groupable)."""
+    return 1 < Q < rows and rows % Q == 0
+
+
+def _scan_bits(classes: dict, scans) -> int:
+    return sum(1 << cls for cls, tile in classes.items() if scans(*tile))
+
+
+def recurrence_scans(P: int, T: int, Q: int, dtype, *, chunk: int, tiling: CpuTiling,
+                     linear: bool = True) -> int:
+    """Which classes of a linear recurrence's C++ tiles (`tile_classes`) are scanned inside
+    vector registers (recurrence.cc, ScanLanes), as `CpuTiling.scan`: tiles of contiguous
+    steps (Q == 1) at least a vector long, and tiles of all Q lanes of rows of a few values (Q
+    dividing a vector) at least a vector of such rows long. Nonlinear recurrences (an
+    activation), complex dtypes and kernels built without the scans: none."""
+    L = _scan_rows(dtype)
+    if not linear or L == 0:
+        return 0
+
+    def scans(lanes, width, rows):
+        if Q == 1:
+            return rows >= L
+        return _groupable(Q, L) and lanes == "q" and width == Q and rows >= L // Q
+
+    return _scan_bits(tile_classes(P, T, Q, chunk, tiling), scans)
+
+
+def chunk_runs(P: int, N: int, Q: int, dtype, *, chunk: int, tiling: CpuTiling,
+               pivoted: bool) -> int:
+    """Which classes of the partition method's C++ chunk tiles (`tile_classes`) read each row
+    straight into one vector, a run of Q values per chunk, with their state in registers
+    (chunks.cc, EndsOfRuns and SolveOfRuns), as `CpuTiling.scan`: unpivoted real chunks in CQ
+    tiles of exactly one vector of lanes, Q dividing it."""
+    L = _scan_rows(dtype)
+    if pivoted or L == 0 or not chunk:
+        return 0
+
+    def runs(lanes, width, rows):
+        return lanes == "cq" and _groupable(Q, L) and width == L
+
+    return _scan_bits(tile_classes(P, N, Q, chunk, tiling), runs)
+
+
 def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, kind: str,
                chunk: int | None = None, block=None) -> Plan:
     """The plan of one solve of (P, N, Q) systems."""
@@ -459,8 +551,12 @@ def solve_plan(backend: str, platform: str, P: int, N: int, Q: int, dtype, *, ki
     rows = m or N
     columns = _chunk_work_rows(kind) if m else {"thomas": 2, "factored": 1, "periodic": 3,
                                                  "pivoted": 4}.get(kind, 2)
-    return Plan(m, _tiling(backend, P, C, Q, rows, dtype, columns=columns, block=block,
-                           pivoted=kind == "pivoted"))
+    tiling = _tiling(backend, P, C, Q, rows, dtype, columns=columns, block=block,
+                     pivoted=kind == "pivoted")
+    if backend == "native" and m:
+        tiling = dataclasses.replace(tiling, scan=chunk_runs(
+            P, N, Q, dtype, chunk=m, tiling=tiling, pivoted=kind == "pivoted"))
+    return Plan(m, tiling)
 
 
 def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, *, linear: bool,
@@ -470,7 +566,11 @@ def recurrence_plan(backend: str, platform: str, P: int, T: int, Q: int, dtype, 
     m = recurrence_chunk(P, T, Q, dtype, linear=linear, backend=backend, platform=platform,
                          chunk=chunk, gated=gated)
     C = -(-T // m) if m else 1
-    return Plan(m, _tiling(backend, P, C, Q, m or T, dtype, columns=0, block=block))
+    tiling = _tiling(backend, P, C, Q, m or T, dtype, columns=0, block=block)
+    if backend == "native":
+        tiling = dataclasses.replace(tiling, scan=recurrence_scans(
+            P, T, Q, dtype, chunk=m, tiling=tiling, linear=linear))
+    return Plan(m, tiling)
 
 
 def factor_plan(backend: str, P: int, N: int, Q: int, dtype, *, block=None) -> Plan:

@@ -56,7 +56,7 @@ from .._core.layout import rows_at
 # chunk ends) are this many times smaller than the direct form's (w_last, v_first): on weakly
 # dominant matrices yr is tiny or zero; on matrices far from dominant (pivoted solves) a
 # small yr may be a cancellation of large terms, whose rounding its size does not show.
-# cpu_kernels.cc (kSumsMargin) weighs the kernels' scores the same.
+# chunks.cc (kSumsMargin) weighs the kernels' scores the same.
 SUMS_MARGIN = 16
 
 

@@ -2,7 +2,7 @@
 
 The native C++ backend has dedicated kernels for the partition method (`chunk_ends_pnq`,
 `chunk_solve_pnq`, `recurrence_ends_pnq`, `recurrence_pnq(..., chunk=m)`, semantics in
-`cpu_kernels.cc` near `enum Mode` and `enum RecurrenceMode`). Backends without them ("xla",
+`chunks.cc` near `enum Mode`, `recurrence.cc` near `enum RecurrenceMode`). Backends without them ("xla",
 the Pallas kernels) get the same four functions here, with the same signatures and the same
 results (to rounding), built from their plain `solve` and `recurrence` over (P|1, N|1, Q|1)
 operands: every chunk of m rows of every system becomes one system of a batch by a reshape,
@@ -254,7 +254,7 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
                    pivoting: bool = False, stack: bool = True):
     """The partition method's first sweep over (P|1, N|1, Q|1) operands by the plain kernel
     `solve` (its pivoted kind with `pivoting`): the ten (P, C, Q) arrays of
-    `_native.chunk_ends_pnq` (cpu_kernels.cc, `Mode`), in b's dtype (the compute dtype), the
+    `_native.chunk_ends_pnq` (chunks.cc, `Mode`), in b's dtype (the compute dtype), the
     reduced rows' sums from a fourth right-hand side, the rows' sums r (`_long_systems/chunked.py`).
     `stack=False` always runs four sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)

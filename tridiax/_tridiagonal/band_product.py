@@ -182,7 +182,7 @@ def _cotangents_lowering(platform: str):
                       backend=backend)
         if platform != "cpu" or _sharding.partitioning() or not _native_applies(x, backend):
             return _cotangents(g, x, **params)
-        from .._native import library as _native
+        from .._native import ffi as _native
 
         P, N = int(np.prod(x.shape[:axis])), x.shape[axis]
         view = (P, N, x.size // max(P * N, 1))
@@ -197,7 +197,7 @@ def _cotangents_lowering(platform: str):
 def _native_applies(x, backend) -> bool:
     if backend not in (None, "native") or x.size == 0:
         return False
-    from .._native import library as _native
+    from .._native import ffi as _native
 
     return (np.dtype(x.dtype) in map(np.dtype, _native.BAND_COTANGENT_DTYPES)
             and _backend.unavailable("native", x.dtype, platform="cpu") is None)

@@ -19,7 +19,7 @@ which structured matrices can still land on for every split (a cyclic shift); `c
 reports those systems.
 
 The unpivoted periodic kind runs both eliminations of T' in one kernel sweep (every backend
-implements `split` itself: cpu_kernels.cc, `xla.py`, `pallas_triton.py`). With pivoting,
+implements `split` itself: solve.cc, `xla.py`, `pallas_triton.py`). With pivoting,
 `solve_pivoted` eliminates T' with partial pivoting for the two right-hand sides b and u at
 once (one launch of the pivoted kernel, the bands shared by both) and combines them.
 """

@@ -10,7 +10,7 @@
 // ab[u + i - j, j] = A[i, j]; b (P, N, Q). A size-1 dimension of ab is broadcast (stride 0),
 // never copied. Entries of ab outside the matrix are never read.
 //
-// Lanes and tiles, as in cpu_kernels.cc: a *lane* is one system (p, q); a *tile* is W lanes
+// Lanes and tiles, as in tiles.h: a *lane* is one system (p, q); a *tile* is W lanes
 // eliminated together, vectorised over lanes, L lanes (one vector register) per *group*:
 //   lanes along Q (Q > 1): the lanes of a row are contiguous, read and written in place, rows
 //   prefetched ahead (rows are Q values apart: no hardware prefetcher follows them);
@@ -38,14 +38,12 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
+#include "kernels.h"
+#include "lanes.h"
+#include "threads.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace ffi = xla::ffi;
-
+namespace tridiax::cpu {
 namespace {
 
 constexpr int64_t kBlock = 8;    // rows and lanes of one transpose
@@ -53,11 +51,9 @@ constexpr int64_t kChunk = 32;   // rows of strided lanes moved into a buffer at
 // Rows of lanes read in place are prefetched this many rows ahead of their reads.
 constexpr int64_t kAheadRows = 16;
 
-#include "cpu_common.h"
-#include "cpu_lanes.h"
 
 // ---------------------------------------------------------------------------------------------
-// Reading and writing the rows of a tile's lanes (as cpu_kernels.cc's RowReader, StoreRows).
+// Reading and writing the rows of a tile's lanes (as tiles.h's RowReader, StoreRows).
 
 // One operand (a band of ab, or b) as a tile sees it: the element of lane s at row `pos` is
 // base[s * lane + pos * row]. lane 1: the lanes are contiguous (read in place); lane 0: one
@@ -480,9 +476,8 @@ class Banded {
       auto fetch = [&](const T* at, int rw) __attribute__((always_inline)) {
         const char* c = reinterpret_cast<const char*>(at);
         for (int64_t b = 0; b < bytes; b += 64) {
-          // Reads into the outer caches (locality 1): prefetches into L1 fill its few miss
-          // buffers with hundreds of streams' lines and stall (2-core Zen 4, (5, 100, 1e5)
-          // float32 pentadiagonal: 21 ms with locality 3, 16.5 with 1 or 2, 20 with 0).
+          // Reads into the outer caches (locality 1): prefetches into L1 would fill its few
+          // miss buffers with hundreds of streams' lines and stall.
           if (rw) {
             __builtin_prefetch(c + b, 1, 3);
           } else {
@@ -675,6 +670,8 @@ void Solve(Problem pr, bool pivoting) {
                   : Launch<T, ScalarOps<T>, -1, -1, false>(pr);
 }
 
+}  // namespace
+
 ffi::Error BandedImpl(ffi::AnyBuffer ab, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x,
                       int64_t l, int64_t u, int64_t kind, bool transposed) {
   const auto bd = b.dimensions(), ad = ab.dimensions(), xd = x->dimensions();
@@ -721,14 +718,4 @@ ffi::Error BandedImpl(ffi::AnyBuffer ab, ffi::AnyBuffer b, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBandedCpu, BandedImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("l")
-                                  .Attr<int64_t>("u")
-                                  .Attr<int64_t>("kind")
-                                  .Attr<bool>("transposed"));
+}  // namespace tridiax::cpu

@@ -15,19 +15,19 @@
 // no conjugate): lower'[i] = upper[i-1]^T, diag'[i] = diag[i]^T, upper'[i] = lower[i+1]^T,
 // read from the same operands with the block's indices swapped.
 //
-// Lanes and tiles, as in cpu_banded.cc: a *lane* is one system (p, q); a *tile* is W lanes
+// Lanes and tiles, as in banded.cc: a *lane* is one system (p, q); a *tile* is W lanes
 // solved together, vectorised over lanes, L lanes (one vector register) per *group*. Lanes go
 // along Q, or along P for batch-first data (Q == 1). Either way a lane's block is k*k (k*m)
 // contiguous values, so chunks of rows are moved into a buffer (blocks' entries by lanes, for
 // the whole tile at once: each row of an operand is read in one run) before they are used: by
 // 8x8 transposes where a lane's values run on for 8 or more (each lane's rows for batch-first
 // data; blocks of k*k a multiple of 8 along Q), by AVX-512 permutes for blocks of fewer than 8
-// values along Q, one by one otherwise; the rows ahead are prefetched meanwhile (1.2-1.3x as
-// fast as moving each group's rows on its own). E and y of a tile stay in a per-thread
+// values along Q, one by one otherwise; the rows ahead are prefetched meanwhile (rather than
+// moving each group's rows on its own). E and y of a tile stay in a per-thread
 // scratch of N x (k*k + k*m) x W values; x overwrites y in the backward sweep and goes out the
 // same way. Tiles along Q are as wide as keep that scratch in half the L2 cache (up to 512
-// lanes), so that every row of an operand is read in long runs (1 KB runs, 16 float64 lanes of
-// 4x4 blocks, took 1.5x as long as 4 KB ones); along P a tile is one vector. For k in
+// lanes), so that every row of an operand is read in long runs (short runs cost more per
+// value); along P a tile is one vector. For k in
 // {1, 2, 3, 4} the block's loops are unrolled at compile time (with one right-hand side the
 // augmented matrix lives in registers); other k run the same code with loops at run time.
 // Complex systems, and a handful of lanes, run one lane at a time. Tiles are shared out over
@@ -46,14 +46,12 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
+#include "kernels.h"
+#include "lanes.h"
+#include "threads.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace ffi = xla::ffi;
-
+namespace tridiax::cpu {
 namespace {
 
 constexpr int64_t kBlock = 8;  // rows and lanes of one transpose
@@ -62,8 +60,6 @@ constexpr int64_t kChunkBytes = 32 << 10;  // a chunk buffer's size along Q (L1)
 constexpr int64_t kTileBytes = 128 << 10;  // a chunk buffer's size along P (L2)
 constexpr int64_t kAhead = 16;  // rows prefetched ahead of their reads
 
-#include "cpu_common.h"
-#include "cpu_lanes.h"
 
 // f(i) for i in [begin, end): unrolled over [0, N) when N > 0 (then end <= N, and the bounds
 // fold away where they are constants after unrolling), a loop otherwise.
@@ -120,8 +116,7 @@ class Small {
 
  private:
   // E as a compile-time constant (1 .. kMax), so that a block's E vectors stay in registers
-  // (with E read at run time GCC moved them through a memcpy call to the stack, which took
-  // half the kernel's time).
+  // (with E read at run time GCC moves them through a memcpy call to the stack).
   template <typename F>
   static int64_t WithE(int E, F&& f) {
     switch (E) {
@@ -348,7 +343,7 @@ void Scatter(const T* buf, int64_t rows, int64_t w, int64_t W, T* base, int64_t 
 
 // Prefetch rows [pos, pos + rows) of lanes [s0, s0 + w) of an operand read (or x written) in
 // place: its rows are far apart (along Q) or its lanes are (along P), streams the hardware
-// does not follow. Into the outer caches for reads, as cpu_banded.cc explains.
+// does not follow. Into the outer caches for reads, as banded.cc explains.
 template <typename T>
 void Prefetch(const T* base, int64_t lane, int64_t row, int64_t E, int64_t pos, int64_t rows,
               int64_t s0, int64_t w, bool write) {
@@ -755,6 +750,8 @@ void Solve(Problem pr, bool pivoting, int64_t cache) {
                   : Launch<T, ScalarOps<T>, -1, -1, false>(pr);
 }
 
+}  // namespace
+
 ffi::Error BlockImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer upper,
                      ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> x, int64_t kind,
                      bool transposed, int64_t cache) {
@@ -815,15 +812,4 @@ ffi::Error BlockImpl(ffi::AnyBuffer lower, ffi::AnyBuffer diag, ffi::AnyBuffer u
   return ffi::Error::Success();
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBlockCpu, BlockImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("kind")
-                                  .Attr<bool>("transposed")
-                                  .Attr<int64_t>("cache"));
+}  // namespace tridiax::cpu
