@@ -371,3 +371,16 @@ def test_h100_table_is_the_run_the_model_is_fitted_to():
     assert [row[0] for row in h100["rows"]] == list(measured)
     for row in h100["rows"]:
         assert [row[column("tridiax ms")], row[column("floor ms")]] == measured[row[0]][:2], row
+
+
+def test_planner_measurements_are_the_data_its_comments_name():
+    # Every entry of the planner's measurements is named by a comment of the planner, and
+    # every name such a comment gives is an entry: the numbers live in the data, the reasons
+    # in the code.
+    data = json.loads((ROOT / "benchmarks" / "data" / "planner.json").read_text())["decisions"]
+    source = (ROOT / "tridiax" / "_core" / "planner.py").read_text()
+    named = set(re.findall(r'(?:\(|planner\.json,\s+)"([a-z]+_[a-z_]+)"\)', source))
+    assert named == set(data), (named ^ set(data))
+    for name, entry in data.items():
+        assert entry["decision"] and entry["measurements"], name
+        assert all("machine" in m for m in entry["measurements"]), name

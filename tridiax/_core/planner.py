@@ -1,6 +1,8 @@
 """The planner: how each solve, factorization and recurrence runs on its device, in one place.
 
-Kernels receive decisions, they do not make them. Two decisions, one small function each:
+Kernels receive decisions, they do not make them. The decisions, one small function each (the
+side-by-side measurements behind their thresholds are data, benchmarks/data/planner.json; a
+comment names its entry in quotes):
 
 - **Chunking** (`solve_chunk`, `recurrence_chunk`): whether the rows (steps) of each system
   are split into chunks solved as one batch by the partition method (`_long_systems/chunked.py`), and how
@@ -66,9 +68,8 @@ CHUNK_ROW_BYTES = 16384
 # Fewer values than this run on one core anyway (threads.h, RunTiles): never chunked.
 MIN_CHUNKED_WORK = 1 << 16
 # Vectors of systems per tile where batch-first float32 systems go by tiles of rows
-# (`_rows_by_tiles`): four chains of divisions in flight. 100 000 systems of 100 rows, one core:
-# 3.4, 3.1, 2.8, 2.75 ns a value with tiles of 16, 24, 32, 48 (2-core Zen 3, AVX2); both cores,
-# 15.8-16.1, 14.0-14.1, 14.1, 14.4-14.7 ms with tiles of 16, 32, 64, 128 (2-core Zen 4, AVX-512).
+# (`_rows_by_tiles`): four chains of divisions in flight, the fastest on AVX2 and AVX-512
+# (measurements: benchmarks/data/planner.json, "rows_tile_vectors").
 ROWS_TILE_VECTORS = 4
 
 
@@ -231,11 +232,8 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         if systems * N < MIN_CHUNKED_WORK:
             return 0
         # Pivoted sweeps are a chain of compares, selects and a division per row: whole systems
-        # once they fill two vectors of lanes per core, even where their work rows spill. Side
-        # by side (2-core Zen 4, random bands, ms, whole -> chunked): float32 one system of
-        # 10^7 rows 254 -> 31, (16, 10^6) batch-first 70 -> 46, (10^6, 16) along axis 0 54 ->
-        # 34, but (10^6, 64) 226 -> 300 and (64, 10^6) 190 -> 183; float64 (10^6, 16) 92 -> 58,
-        # (16, 10^6) 89 -> 93.
+        # once they fill two vectors of lanes per core, even where their work rows spill
+        # ("pivoted_whole_when_wide").
         if kind == "pivoted" and systems >= cpu_cores() * 2 * vector_lanes(dtype):
             return 0
         tiling = cpu_tiling(P, 1, Q, N, dtype, columns=2)
@@ -245,8 +243,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
             return 0
         # Chunk tiles take whole rows (cpu_tiling), and chunks are as long as the cache holds
         # their work rows (3 columns) at that width, but at least 112 rows: shorter ones cost
-        # more in boundary work than their cache misses do ((10 000, 1 000) float32 and
-        # float64: chunks of 48 rows 10-15% slower than 112).
+        # more in boundary work than their cache misses do ("min_chunk_rows").
         work = _chunk_work_rows(kind)
         width = cpu_tiling(P, N // MIN_CHUNK, Q, 1, dtype, columns=work,  # the most chunks
                            pivoted=kind == "pivoted").width
@@ -282,10 +279,7 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         # One sequence of contiguous steps, or one group of rows of a few lanes, is scanned
         # inside vector registers (`scanned_lanes`): one pass on one core beats the
         # chunks' two passes on every core while its arrays (three, four with a gate) fit in
-        # the last-level cache.
-        # (T, Q) float32 along axis 0, ms, chunked -> whole (2-core Zen 4, 32 MiB L3): (10^6,
-        # 2) 0.53 -> 0.29, (3*10^5, 8) 0.47 -> 0.38, (10^5, 4) 0.20 -> 0.06, but (10^6, 4) 0.79
-        # -> 0.85 and (3*10^6, 2) 1.23 -> 1.37.
+        # the last-level cache ("recurrence_scanned_whole").
         itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
         if (P == 1 and backend == "native" and scanned_lanes(Q, dtype)
                 and (4 if gated else 3) * T * Q * itemsize <= cpu_last_cache_bytes()):
@@ -331,15 +325,13 @@ def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None, kind: str | 
                 N: int = 2) -> bool:
     """Whether the Pallas GPU kernels solve (P, N, Q) systems moved to columns, (1, N, P*Q),
     by XLA transposes (`_layout.to_columns`): where a row of Q values is narrower than a memory
-    sector, so that reading a tile's row row by row would fetch a sector per system. On an
-    H100 (jax 0.11.2, float32) the Triton solve of (B, N) = (67 584, 1 000) along the last
-    axis took 14.1 ms read in place against 1.61 ms in the (N, B) layout, and the transposes
-    of its five arrays about 1.15 ms (the Mosaic GPU periodic solve, which moves them: 4.07
-    against 2.92 ms). Plain solves and linear recurrences of contiguous rows (Q = 1) are read
-    in place by tiles of rows instead (`_pallas/row_tiles.py`): `kind` is the solve's
-    kernel kind, "recurrence", or None (factorizations), and `N` the rows (steps). A tile
-    the user gives (`block`) is kept in their layout; interpret mode ("pallas_interpret")
-    follows the Triton kernels' plan, so that CPU tests run it."""
+    sector, so that reading a tile's row row by row would fetch a sector per system: the
+    transposes cost a fraction of what the sectors would (benchmarks/data/planner.json,
+    "gpu_columns"). Plain solves and linear recurrences of contiguous rows (Q = 1) are read in
+    place by tiles of rows instead (`_pallas/row_tiles.py`): `kind` is the solve's kernel kind,
+    "recurrence", or None (factorizations), and `N` the rows (steps). A tile the user gives
+    (`block`) is kept in their layout; interpret mode (backend "pallas_interpret") follows the Triton
+    kernels' plan, so that CPU tests run it."""
     if backend not in ("pallas_triton", "pallas_interpret") or block is not None or P == 1:
         return False
     from .._pallas import row_tiles as _pallas_rows
@@ -370,9 +362,8 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         return CpuTiling("p", ROWS_TILE_VECTORS * L)
     if Q >= L and columns == 0:
         # No work rows (recurrences, the factorization): a tile keeps one row of state, so the
-        # widest tiles that give every core one, each row read as one long stream. (1000,
-        # 100 000) float32 along axis 0: linear recurrence 86 -> 51 ms, IndRNN relu 66 -> 48,
-        # tanh 94 -> 67 against tiles of 512 (2-core Zen 4, side by side).
+        # widest tiles that give every core one, each row read as one long stream
+        # ("state_tiles").
         width = -(-Q // max(1, -(-cores // (P * C))))
         return CpuTiling("q", max(8, -(-width // 8) * 8))
     if Q >= L:
@@ -395,22 +386,17 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
         # a tile takes every Q lane of a vector's worth of chunks, each chunk's row of Q values
         # one run (8 or 16 bytes, one move), so each row's divisions run a vector at a time.
         # One chunk's Q lanes a tile wait on one chain of divisions per row, and tiles of 32
-        # chunks of one q gathered each value on its own. (N, Q) = (10^6, 4) float32 12.9-26.7
-        # -> 9.3-11.8 ms, (10^6, 2) 11.8 -> 7.4, float64 (10^6, 2) 11.3 -> 9.4 (2-core Zen 4,
-        # side by side). Other runs lost: 12- and 24-byte runs go value by value, and 32-byte
-        # runs (float64 (10^6, 4), 2 chunks a tile) took 2-3x longer than reading the rows in
-        # place, but for Thomas chunks whose runs the kernel loads straight into a vector (Q
-        # dividing it: chunks.cc, EndsOfRuns; (10^6, 8) float32 first sweep 5.5-6.4 ->
-        # 2.0-2.6 ms); recurrences (no division) keep their rows in place too: float64 (10^6, 2) 4.4
-        # -> 5.2-6.0 ms with these tiles.
+        # chunks of one q gathered each value on its own. Runs of other lengths go value by
+        # value, except for Thomas chunks whose runs the kernel loads straight into a vector (Q
+        # dividing it: chunks.cc, EndsOfRuns); recurrences (no division) keep their rows in
+        # place ("runs_of_rows").
         chunks = min(-(-L // Q), max(1, -(-P * C // cores)))
         return CpuTiling("cq", chunks * Q)
     if Q > 1 and (C > 1 or -(-P // cores) < Q):
         # Other chunked rows of a few values, and whole systems a few values apart too few to
         # give each core Q of them (pivoted, factored, `factor()`): a tile takes one chunk's
-        # (system's) Q lanes, read in place. Tiles of 32 chunks of one q re-read each line for
-        # every one of the Q lanes: (N, Q) = (10^6, 4) float32 took 47.9 ms against 15.8, (10^6,
-        # 15) 276 against 39 (2-core Zen 4, side by side).
+        # (system's) Q lanes, read in place: tiles of chunks of one q would re-read each line
+        # for every one of the Q lanes ("one_chunk_per_tile").
         return CpuTiling("q", Q)
     # Strided lanes: two vectors (latency of the division chain hidden, few streams). Chunks
     # of one system lie next to each other: their streams share pages, so chunked sweeps
@@ -421,21 +407,14 @@ def cpu_tiling(P: int, C: int, Q: int, rows: int, dtype, *, columns: int = 2,
     lanes = "c" if C > 1 and C >= min(width, P) else "p"
     if lanes == "c" and (itemsize == 8 or (itemsize == 4 and columns and not pivoted)):
         # Chunks of one system: a cache line of lanes (8 float64, 16 float32 values), each
-        # lane's block of rows one line, half the streams of two AVX-512 vectors. float64: one
-        # system of 10^7 rows took 48 ms against 73 ms with two vectors (2-core Zen 4). float32
-        # solves, since the prefetches run (275a85a): 16 lanes 19.5-21.9 ms against 22.0-24.4
-        # with 32 (its first sweep 8.7-9.7 against 9.2-12.8 ms), the same process, four
-        # rounds (2-core Zen 4, AVX-512; with AVX2 two vectors are these 16 lanes). Float32
-        # recurrences (no work rows: columns == 0) keep two vectors, and so do pivoted chunks
-        # (10^7 rows: 27.1-32.0 ms in 16 lanes against 27.2-30.5 in 32, the same process).
+        # lane's block of rows one line, half the streams of two AVX-512 vectors (with AVX2,
+        # two vectors are these lanes). Float32 recurrences (no work rows: columns == 0) keep
+        # two vectors, and so do pivoted chunks ("chunk_lanes_a_cache_line").
         width = 64 // itemsize
     # No wider than each core's share of the lanes, in whole groups of 8 where there are 8:
     # the kernel keeps `columns` work rows of the tile's width however many of them hold a
-    # system, so a pivoted solve of one system of 10^7 rows in tiles of 32 lanes wrote 5 GB of
-    # work rows (float32, 550 ms; 2-core Zen 4), and 20 systems made one tile, for one core.
-    # Fewer than 8 lanes run scalar: pivoted (B, N) = (8, 10^6) float32 took 39 ms in one
-    # tile of 8 against 77 ms in two of 4, (20, 10^5) 7.5 ms in tiles of 16 and 4 against
-    # 8.5 ms in two of 10, while (4, 10^6) took 37 ms in two tiles of 2 against 52 in one.
+    # system, and too few systems would make one tile, for one core. Fewer than 8 lanes run
+    # scalar ("lanes_per_core_share").
     available = C if lanes == "c" else P
     share = max(1, -(-available // cores))
     if available >= 8:
@@ -450,9 +429,8 @@ def _chunk_work_rows(kind: str) -> int:
 
 def _chunk_tile_width(Q: int, itemsize: int) -> int:
     """Lanes of a chunk tile along Q: whole rows (one read stream per band per chunk) up to
-    CHUNK_ROW_BYTES, longer rows in equal parts, whole cache lines. Reading part of each row is
-    slower: (10 000, 1 000) float32 along axis 0, first sweep 5.9 -> 4.5 ms and last sweep
-    6.6-7.1 -> 6.0-6.3 ms with tiles of 1 000 lanes against 512 (2-core Zen 4)."""
+    CHUNK_ROW_BYTES, longer rows in equal parts, whole cache lines: reading part of each row is
+    slower (benchmarks/data/planner.json, "chunk_row_bytes")."""
     parts = -(-Q * itemsize // CHUNK_ROW_BYTES)
     return -(-Q // (parts * 8)) * 8
 
