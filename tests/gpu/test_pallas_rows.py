@@ -45,9 +45,9 @@ def _bands(P, N, dtype, seed=0, shapes=None):
 @pytest.mark.parametrize("P, N", SIZES)
 def test_rows_kernel_is_the_row_kernel_bitwise(P, N, transposed, dtype):
     l, d, u, b = _bands(P, N, dtype, seed=P * 100 + N)
-    assert _planner.gpu_row_tiles(P, N, 1, jnp.dtype(dtype), kind="thomas") == "p"
+    assert _pallas_rows.applies(P, N, 1, jnp.dtype(dtype), kind="thomas")
     kw = dict(transposed=transposed, out_dtype=jnp.dtype(dtype), interpret=True)
-    tiles = _pallas_rows.solve_pnq(l, d, u, b, along="p", **kw)
+    tiles = _pallas_rows.solve_pnq(l, d, u, b, **kw)
     rows = _pallas_thomas.solve_pnq(l, d, u, b, tiles=Tiles.default(P, 1), **kw)
     assert tiles.shape == (P, N, 1) and tiles.dtype == jnp.dtype(dtype)
     np.testing.assert_array_equal(np.asarray(tiles, np.float64), np.asarray(rows, np.float64))
@@ -58,7 +58,7 @@ def test_rows_kernel_is_the_row_kernel_bitwise(P, N, transposed, dtype):
 @pytest.mark.parametrize("P, N", [(3, 3), (33, 16), (5, 100)])
 def test_rows_kernel_against_the_sequential_sweep(P, N, transposed, dtype):
     l, d, u, b = (np.asarray(x) for x in _bands(P, N, dtype, seed=N))
-    x = _pallas_rows.solve_pnq(*map(jnp.asarray, (l, d, u, b)), along="p", transposed=transposed,
+    x = _pallas_rows.solve_pnq(*map(jnp.asarray, (l, d, u, b)), transposed=transposed,
                                out_dtype=np.dtype(dtype), interpret=True)
     if transposed:  # the transposed matrix's bands: sub[i] = u[i-1], sup[i] = l[i+1]
         l, u = np.roll(u, 1, axis=1), np.roll(l, -1, axis=1)
@@ -75,7 +75,7 @@ def test_broadcast_operands(transposed):
     shapes = [(1, N, 1), (P, 1, 1), (P, N, 1), (P, N, 1)]
     l, d, u, b = _bands(P, N, "float32", seed=3, shapes=shapes)
     kw = dict(transposed=transposed, out_dtype=jnp.dtype("float32"), interpret=True)
-    x = _pallas_rows.solve_pnq(l, d, u, b, along="p", **kw)
+    x = _pallas_rows.solve_pnq(l, d, u, b, **kw)
     full = [jnp.broadcast_to(v, (P, N, 1)) for v in (l, d, u, b)]
     np.testing.assert_array_equal(x, _pallas_thomas.solve_pnq(*full, tiles=Tiles.default(P, 1),
                                                               **kw))
@@ -86,8 +86,7 @@ def test_rows_outside_the_matrix_are_never_read():
     P, N = 5, 21
     l, d, u, b = _bands(P, N, "float32", seed=4)
     l, u = l.at[:, 0].set(jnp.inf), u.at[:, -1].set(jnp.nan)
-    x = _pallas_rows.solve_pnq(l, d, u, b, along="p", transposed=False,
-                               out_dtype=jnp.dtype("float32"),
+    x = _pallas_rows.solve_pnq(l, d, u, b, transposed=False, out_dtype=jnp.dtype("float32"),
                                interpret=True)
     expected = verify.sequential_solve(*(np.asarray(v) for v in (l, d, u, b)), axis=1,
                                        dtype=np.float64)
@@ -157,7 +156,7 @@ def test_cuda_lowering_masks_what_can_run_past():
 def test_tiles_of_rows_along_q_are_the_row_kernel_bitwise(P, N, Q, transposed, dtype):
     """The (N, B) layout: tiles of k rows of 64 systems side by side (ragged 100 and 130)."""
     l, d, u, b = (jnp.asarray(x, dtype) for x in random_bands((P, N, Q), seed=N + Q))
-    assert _planner.gpu_row_tiles(P, N, Q, jnp.dtype(dtype), kind="thomas") == "q"
+    assert _pallas_rows.orientation(P, N, Q, jnp.dtype(dtype)) == "q"
     kw = dict(transposed=transposed, out_dtype=jnp.dtype(dtype), interpret=True)
     np.testing.assert_array_equal(
         _pallas_thomas.solve_pnq(l, d, u, b, **kw),
@@ -175,7 +174,7 @@ def test_recurrence_tiles_are_the_row_kernel_bitwise(P, T, Q, reverse, shifted, 
     a = jnp.asarray(rng.uniform(0.5, 1, (P, T, Q)), jnp.float32)
     x = jnp.asarray(rng.standard_normal((P, T, Q)), jnp.float32)
     h0 = jnp.asarray(rng.standard_normal((P, 1, Q)), jnp.float32)
-    assert _planner.gpu_row_tiles(P, T, Q, jnp.dtype("float32"), kind="recurrence") is not None
+    assert _pallas_rows.recurrence_applies(P, T, Q, jnp.dtype("float32"))
     kw = dict(reverse=reverse, shifted=shifted, activation=activation, final_only=final_only,
               out_dtype=jnp.dtype("float32"), interpret=True)
     h = _pallas_recurrence.recurrence_pnq(a, x, h0, **kw)
@@ -209,15 +208,3 @@ def test_public_recurrence_and_gradients(shape, axis):
     expected = jax.grad(loss(scan), argnums=(0, 1))(a, x)
     for g, e in zip(grads, expected, strict=True):
         assert_close(g, np.asarray(e), np.dtype("float32"), factor=4)
-
-
-@pytest.mark.parametrize("P, N, Q, dtype, kind, expected", [
-    (100, 100, 1, "float32", "thomas", "p"), (1, 10**6, 1, "float64", "recurrence", "p"),
-    (1, 100, 64, "float32", "thomas", "q"), (3, 7, 1000, "float64", "recurrence", "q"),
-    (5, 100, 63, "float32", "thomas", None), (5, 1, 1, "float32", "thomas", None),
-    (5, 100, 1, "complex64", "thomas", None), (5, 100, 1, "float32", "pivoted", None),
-    (5, 100, 1, "float32", "periodic", None), (5, 100, 1, "float32", "factored", None)])
-def test_the_planner_chooses_the_row_tiles(P, N, Q, dtype, kind, expected):
-    # Plain real solves and recurrences, contiguous rows ("p") or rows of at least a tile of
-    # systems ("q"); every other kind, complex values and single rows run the row kernels.
-    assert _planner.gpu_row_tiles(P, N, Q, jnp.dtype(dtype), kind=kind) == expected

@@ -307,9 +307,6 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
 # Layout.
 
 
-# Systems side by side in a "q" tile of rows (`gpu_row_tiles`): the row kernels' tile along Q,
-# so that a tile's row is whole memory sectors.
-GPU_ROW_TILE_SYSTEMS = 64
 # Plain solves of at most this many systems, of at least GPU_MIN_ROWS rows each, go to
 # cuSPARSE on NVIDIA GPUs (`_tridiagonal/cusparse.py`, which has the measurements).
 GPU_LIBRARY_SYSTEMS = 1024
@@ -337,25 +334,14 @@ def gpu_columns(P: int, Q: int, dtype, *, backend: str, block=None, kind: str | 
     kernels' plan, so that CPU tests run it."""
     if backend not in ("pallas_triton", "pallas_interpret") or block is not None or P == 1:
         return False
+    from .._pallas import row_tiles as _pallas_rows
+
     cdt = compute_dtype(dtype)
-    if kind is not None and gpu_row_tiles(P, N, Q, cdt, kind=kind) is not None:
+    if kind == "recurrence" and _pallas_rows.recurrence_applies(P, N, Q, cdt):
+        return False
+    if kind is not None and _pallas_rows.applies(P, N, Q, cdt, kind=kind):
         return False
     return Q * jnp.dtype(cdt).itemsize < GPU_SECTOR_BYTES
-
-
-def gpu_row_tiles(P: int, N: int, Q: int, dtype, *, kind: str) -> str | None:
-    """How the Pallas sweeps by tiles of rows (`_pallas/row_tiles.py`) read (P, N, Q) real
-    systems or sequences in place: "p" where each system's rows are contiguous (Q == 1), "q"
-    where a row holds at least a tile of GPU_ROW_TILE_SYSTEMS systems, None where the row
-    kernels run instead (a few systems a row, complex values, one row). `kind` is the solve's
-    kernel kind (only the plain "thomas" solve has row tiles) or "recurrence"."""
-    if kind not in ("thomas", "recurrence") or N < 2:
-        return None
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        return None
-    if Q == 1:
-        return "p"
-    return "q" if Q >= GPU_ROW_TILE_SYSTEMS else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ from jax.experimental import pallas as pl
 
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
-from .._core.planner import GPU_ROW_TILE_SYSTEMS
 from .tiles import _TRITON, Tiles, _correctly_rounded_quotient, launch
 
 # Bytes of each system's rows a tile reads at once: one 64-byte HBM burst in the "p"
@@ -45,13 +44,30 @@ ROW_BYTES = 64
 # (226 in 2, 255 and spills in 1); 4 rows x 64 systems 64 (the recurrence 32), where 8 rows
 # took 164 (the recurrence 56 and spilled 8 bytes).
 P_SYSTEMS = 32
-Q_SYSTEMS = GPU_ROW_TILE_SYSTEMS  # the planner's tile along Q
+Q_SYSTEMS = 64  # the row kernels' tile along Q
 Q_ROWS = 4
 WARPS = 4
 # Rows of a tile when the kernels run in interpret mode through the public functions (the
 # tests): the k rows of a tile are written out, so XLA's compile time on CPU grows with k. The
 # logic is the same for every k; tests/gpu/test_pallas_rows.py runs the compiled tiles' k directly.
 INTERPRET_ROWS = 4
+
+
+def orientation(P: int, N: int, Q: int, dtype) -> str | None:
+    """"p", "q" or None (the row kernel runs) for real (P, N, Q) systems or sequences."""
+    if jnp.issubdtype(dtype, jnp.complexfloating) or N < 2:
+        return None
+    if Q == 1:
+        return "p"
+    if Q >= Q_SYSTEMS:
+        return "q"
+    return None
+
+
+def applies(P: int, N: int, Q: int, dtype, *, kind: str) -> bool:
+    """Whether a solve of (P, N, Q) systems runs this module's kernel (plain real systems in
+    either orientation)."""
+    return kind == "thomas" and orientation(P, N, Q, dtype) is not None
 
 
 def _rows_per_tile(n: int, dtype, along: str, rows: int | None = None) -> int:
@@ -224,13 +240,13 @@ def _thomas_kernel(l_ref, d_ref, u_ref, b_ref, x_ref, c_ref, *extra, n, k, along
     lax.fori_loop(0, rows.count, backward, rows.zero())
 
 
-def solve_pnq(l, d, u, b, *, along: str, transposed: bool, out_dtype, interpret: bool = False,
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret: bool = False,
               compiler_params=None, rows: int | None = None):
-    """The plain solve of (P|1, N|1, Q|1) operands along axis 1, in the orientation `along`
-    the planner chose (`_core/planner.py`, `gpu_row_tiles`); returns (P, N, Q). `rows`: at most
-    this many rows a tile (None: the compiled kernels' choice)."""
+    """The plain solve of (P|1, N|1, Q|1) operands along axis 1 (`applies`); returns (P, N, Q).
+    `rows`: at most this many rows a tile (None: the compiled kernels' choice)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     cdt = compute_dtype(out_dtype)
+    along = orientation(P, N, Q, cdt)
     outs = [(N, out_dtype), (N, cdt)]
     if jnp.dtype(cdt) != jnp.dtype(out_dtype):
         outs.append((N, cdt))
@@ -238,6 +254,12 @@ def solve_pnq(l, d, u, b, *, along: str, transposed: bool, out_dtype, interpret:
                                along=along, transposed=transposed, compiled=not interpret)
     return launch(kernel, (l, d, u, b), outs, name="tridiax_thomas_rows", interpret=interpret,
                   tiles=_tiles(P, Q, along), compiler_params=compiler_params)[0]
+
+
+def recurrence_applies(P: int, T: int, Q: int, dtype) -> bool:
+    """Whether a recurrence over (P, T, Q) runs this module's kernel (real, either
+    orientation)."""
+    return orientation(P, T, Q, dtype) is not None
 
 
 def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, k, along, reverse, shifted,
@@ -272,13 +294,14 @@ def _recurrence_kernel(a_ref, x_ref, h0_ref, h_ref, *, T, k, along, reverse, shi
         rows.store_row(h_ref, 0, h)
 
 
-def recurrence_pnq(a, x, h0, *, along: str, reverse: bool, shifted: bool, activation,
-                   final_only: bool, out_dtype, interpret: bool = False, compiler_params=None,
+def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
+                   out_dtype, interpret: bool = False, compiler_params=None,
                    rows: int | None = None):
-    """`_pallas_recurrence.recurrence_pnq` by tiles of rows, in the orientation `along` the
-    planner chose; `rows` as for `solve_pnq`."""
+    """`_pallas_recurrence.recurrence_pnq` by tiles of rows (`recurrence_applies`); `rows` as
+    for `solve_pnq`."""
     P, T, Q = broadcast_shape(a, x, h0)
     cdt = compute_dtype(out_dtype)
+    along = orientation(P, T, Q, cdt)
     kernel = functools.partial(_recurrence_kernel, T=T, k=_rows_per_tile(T, cdt, along, rows),
                                along=along, reverse=reverse, shifted=shifted,
                                activation=activation, final_only=final_only)

@@ -12,7 +12,6 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from .._core import planner as _planner
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
 from .._core.split_complex import select
@@ -51,11 +50,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     Real sequences of contiguous steps (Q = 1), or of 64 features and more, with no tile given,
     go by tiles of steps (`_pallas/row_tiles.py`)."""
     P, T, Q = broadcast_shape(a, x, h0)  # h0 has T = 1
-    along = None if tiles is not None else _planner.gpu_row_tiles(
-        P, T, Q, compute_dtype(out_dtype), kind="recurrence")
-    if along is not None:
-        return _pallas_rows.recurrence_pnq(a, x, h0, along=along, reverse=reverse,
-                                           shifted=shifted,
+    if tiles is None and _pallas_rows.recurrence_applies(P, T, Q, compute_dtype(out_dtype)):
+        return _pallas_rows.recurrence_pnq(a, x, h0, reverse=reverse, shifted=shifted,
                                            activation=activation, final_only=final_only,
                                            out_dtype=out_dtype, interpret=interpret,
                                            compiler_params=compiler_params,

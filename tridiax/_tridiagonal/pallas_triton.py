@@ -38,7 +38,6 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from .._core import planner as _planner
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
 from .._core.split_complex import SplitComplex, modulus, select, zeros_like
@@ -274,11 +273,8 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas",
     systems with contiguous rows (Q = 1) and no tile given go by tiles of rows
     (`_pallas/row_tiles.py`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
-    along = None if tiles is not None else _planner.gpu_row_tiles(
-        P, N, Q, compute_dtype(out_dtype), kind=kind)
-    if along is not None:
-        return _pallas_rows.solve_pnq(l, d, u, b, along=along, transposed=transposed,
-                                      out_dtype=out_dtype,
+    if tiles is None and _pallas_rows.applies(P, N, Q, out_dtype, kind=kind):
+        return _pallas_rows.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
                                       interpret=interpret, compiler_params=compiler_params,
                                       rows=_pallas_rows.INTERPRET_ROWS if interpret else None)
     cdt = compute_dtype(out_dtype)
