@@ -1,8 +1,8 @@
 """`python -m tridiax --info`: what this installation can run, and how to fix what it cannot.
 
-Prints the versions, the devices, whether the native CPU kernel is built (where, or the
-compiler's error), and for every platform present the backend each operation would run on each
-dtype, with the reason each other backend cannot.
+Prints the versions, the devices, which build of the native CPU kernel runs (its x86-64 level,
+whether installed or built on first use, and why; or why none), and for every platform present
+the backend each operation would run on each dtype, with the reason each other backend cannot.
 """
 
 from __future__ import annotations
@@ -46,25 +46,48 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _installed_lines() -> list[str]:
+    """What the install compiled (the wheel's manifest), where there was an install build."""
+    manifest = _native.manifest()
+    if manifest is None:
+        return []
+    built, failed = manifest.get("built", {}), manifest.get("failed", {})
+    lines = [f"  installed: {', '.join(built) or 'no level'} compiled at install"
+             + (f" in {manifest['seconds']:.0f} s on {manifest['cores']} cores with "
+                f"{manifest['compiler']}" if built else "")]
+    lines += [f"  not installed: {level}: {error.splitlines()[0]}" for level, error in failed.items()]
+    return lines
+
+
 def _native_lines() -> list[str]:
     reason = _native.unavailable_reason()
     if reason is None:
+        choice = _native.choice()
         tanh = ("float32 vectorized, float64 glibc's vector tanh (libmvec)"
                 if _native.vector_math() else
                 "float32 vectorized, float64 libm's scalar tanh (no libmvec found: ~10x slower)")
-        return [f"native CPU kernel: built, {_native.library_path()}",
+        level = "this CPU's own (-march=native)" if choice.level == "native" else choice.level
+        return [f"native CPU kernel: {level}, {choice.origin} ({choice.why}), {choice.path}",
+                *_installed_lines(),
+                "  TRIDIAX_CPU_LEVEL pins an installed level; TRIDIAX_NATIVE=build compiles this "
+                "CPU's own on first use, TRIDIAX_NATIVE=0 turns it off",
                 f"native IndRNN tanh: {tanh}"]
     lines = ["native CPU kernel: NOT AVAILABLE, the XLA loops run instead (correct, slower)"]
     lines += [f"  {'why: ' if i == 0 else '     '}{line}" for i, line in enumerate(reason.splitlines())]
+    lines += _installed_lines()
     cxx = os.environ.get("CXX")
-    if os.environ.get("TRIDIAX_NATIVE", "1") == "0":
-        lines.append("  fix: unset TRIDIAX_NATIVE to build and use it")
+    mode = os.environ.get("TRIDIAX_NATIVE", "1")
+    if mode == "0":
+        lines.append("  fix: unset TRIDIAX_NATIVE to use it")
+    elif "TRIDIAX_CPU_LEVEL" in reason:
+        lines.append("  fix: unset TRIDIAX_CPU_LEVEL, or pin a level this CPU runs")
     elif cxx and shutil.which(cxx) is None:
         lines.append(f"  fix: CXX={cxx} is not a program found on PATH: point CXX at a C++17 "
                      "compiler, or unset it to use c++ / g++")
     elif shutil.which("c++") is None and shutil.which("g++") is None:
         lines.append("  fix: install a C++17 compiler (Debian/Ubuntu: apt-get install g++; conda: "
-                     "conda install gxx) or point CXX at one, then run this again")
+                     "conda install gxx) or point CXX at one, then reinstall tridiax (or set "
+                     "TRIDIAX_NATIVE=build)")
     else:
         lines.append("  fix: the compiler's error is above; CXX picks another compiler, "
                      "TRIDIAX_CACHE_DIR another cache directory")

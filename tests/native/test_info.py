@@ -37,14 +37,18 @@ def _table(text, platform="cpu"):
 
 def test_info_reports_the_native_kernel_and_each_operations_backend():
     text = _run(["--info"], module=True)
-    assert text.splitlines()[0] == f"tridiax {tridiax.__version__} ({ROOT / 'tridiax'})"
+    assert text.splitlines()[0] == f"tridiax {tridiax.__version__} ({pathlib.Path(tridiax.__file__).parent})"
     import jax
 
     assert f"jax {jax.__version__}" in text
     rows = _table(text)
     if _native.available():
-        built = next(line for line in text.splitlines() if line.startswith("native CPU kernel"))
-        path = pathlib.Path(built.split("built, ", 1)[1])
+        # The level, where it came from and why, and the library's path.
+        line = next(line for line in text.splitlines() if line.startswith("native CPU kernel"))
+        choice = _native.choice()
+        assert line.startswith(f"native CPU kernel: {choice.level if choice.level != 'native' else 'this CPU'}")
+        assert f", {choice.origin} ({choice.why}), " in line
+        path = pathlib.Path(line.rsplit(", ", 1)[1])
         assert path.is_file() and path == _native.library_path()
     # Every row is what the lowering chooses; IndRNN with an activation the C++ kernel does not
     # know, and complex tanh, run XLA's loop.
@@ -57,10 +61,14 @@ def test_info_reports_the_native_kernel_and_each_operations_backend():
     assert "pallas_triton  cannot: Triton runs on CUDA and ROCm GPUs" in text
 
 
+# TRIDIAX_NATIVE=build: the compiler is asked also where the package carries compiled kernels.
 @pytest.mark.parametrize("env, reason, fix", [
     ({"TRIDIAX_NATIVE": "0"}, "TRIDIAX_NATIVE=0 turns it off", "unset TRIDIAX_NATIVE"),
-    ({"CXX": "/nonexistent/c++"}, "No such file or directory", "CXX=/nonexistent/c++ is not a program"),
-    ({"CXX": "false"}, "with false failed (exit status 1)", "the compiler's error is above"),
+    ({"TRIDIAX_NATIVE": "build", "CXX": "/nonexistent/c++"}, "No such file or directory",
+     "CXX=/nonexistent/c++ is not a program"),
+    ({"TRIDIAX_NATIVE": "build", "CXX": "false"}, "building the kernels with false failed",
+     "the compiler's error is above"),
+    ({"TRIDIAX_CPU_LEVEL": "x86-64-v9"}, "x86-64-v9", "unset TRIDIAX_CPU_LEVEL"),
 ])
 def test_info_says_why_the_native_kernel_is_missing_and_the_fix(env, reason, fix, tmp_path):
     text = _run(["--info"], module=True, env={**env, "TRIDIAX_CACHE_DIR": str(tmp_path)})

@@ -143,11 +143,11 @@ def test_periodic_pivoting_cost_agrees_with_the_benchmark():
 
 
 def test_cxx_default_is_the_code_s_and_the_same_everywhere():
-    # The README said `c++`, the getting-started page `c++`, else `g++`: both now name the
-    # compilers in the order _native._library_path tries them after $CXX.
-    from tridiax._native import build as _native
+    # The README and the getting-started page name the compilers in the order
+    # compiler.find_compiler tries them after $CXX.
+    from tridiax._native import compiler
 
-    tried = re.findall(r'shutil\.which\("([^"]+)"\)', inspect.getsource(_native._library_path))
+    tried = re.findall(r'shutil\.which\("([^"]+)"\)', inspect.getsource(compiler.find_compiler))
     assert tried == ["c++", "g++"], tried
     default = ", else ".join(f"`{name}`" for name in tried)
     for page in ("README.md", "docs/getting-started.md"):

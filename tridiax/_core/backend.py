@@ -81,7 +81,7 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
             return ("the native recurrence runs identity, relu and tanh (real dtypes), not "
                     f"{activation!r}")
         if not _native_build.available():
-            return "the native CPU kernel could not be built (python -m tridiax --info says why)"
+            return "the native CPU kernel is unavailable (python -m tridiax --info says why)"
     if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
             and activation is not None):
         # Complex values are split into real and imaginary parts inside the kernels

@@ -1,44 +1,46 @@
-"""The build of the C++ CPU kernels: compiled on first use, cached, loaded, registered as XLA
-FFI targets; and what the library was built with (`scan_rows`, `vector_math`), for the planner.
-The calls into it are in `ffi.py`.
+"""Which build of the C++ CPU kernels this process runs, loaded and registered as XLA FFI targets;
+and what it was built with (`scan_rows`, `vector_math`), for the planner. The calls into it are in
+`ffi.py`; the compiling is `compiler.py`'s.
 
-The library is compiled once per machine, source and jax version with the system C++
-compiler against the headers jaxlib ships (`jax.ffi.include_dir()`), and cached in
-$TRIDIAX_CACHE_DIR (default ~/.cache/tridiax); the build logs a line to the "tridiax" logger
-(shown by default) as it starts, with where and what it will cost here (`_build_estimate`),
-and one when it is done, with the time it took. Where no compiler is found or the build fails,
-`available()` is False and the CPU falls back to the XLA formulation, with one warning that
-says why; set TRIDIAX_NATIVE=0 to skip the native kernel altogether.
+Where the kernels come from, in order:
+
+1. **The installed package.** `pip install` and `pip wheel` compile one library per x86-64
+   level (`compiler.LEVELS`) into `lib/` beside this file, with a manifest of what was built
+   (`hatch_build.py`). The best level this CPU runs is loaded (the baseline library reports the
+   CPU's level); TRIDIAX_CPU_LEVEL=x86-64-v3 (for example) pins one. Where the install's build
+   failed, the manifest says why, and the XLA formulation runs.
+2. **Built on first use** for this CPU (-march=native on x86-64): in a source tree, on other
+   architectures, where the installed libraries do not match this jaxlib's FFI version, or when
+   TRIDIAX_NATIVE=build asks for it; with TRIDIAX_CPU_LEVEL set, for that level instead (a
+   level this CPU does not run is refused once built, never run). The build is cached in $TRIDIAX_CACHE_DIR (default
+   ~/.cache/tridiax) per source, compiler and jax version, and logs a notice with what it costs
+   here, its progress, and the time it took. A failed build is recorded beside the cache (not as a
+   library), so later processes do not compile again; deleting the record retries.
+3. **None**: TRIDIAX_NATIVE=0, or no compiler, or a failed build. `available()` is False, the CPU
+   runs the XLA formulation, and one warning says why (`python -m tridiax --info` says more).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
-import ctypes.util
+import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import os
 import pathlib
 import platform
-import shutil
-import subprocess
-import tempfile
 import time
 import warnings
 
 import jax
 
-_HERE = pathlib.Path(__file__).parent
-# One translation unit per kind of kernel (README.md in this folder has the map), and
-# ffi.cc, which only declares the FFI handlers.
-_SOURCES = tuple(_HERE / name for name in (
-    "solve.cc", "chunks.cc", "factor.cc", "recurrence.cc", "banded.cc", "block.cc", "ffi.cc"))
-_BLOCK_SOURCE = _HERE / "block.cc"
-# The headers the sources include: every one is hashed into the library's cache key.
-_HEADERS = tuple(sorted(_HERE.glob("*.h")))
+from . import compiler
+
 _LOG = logging.getLogger("tridiax")
+INSTALLED = compiler.HERE / "lib"
+MANIFEST = INSTALLED / "manifest.json"
 # FFI target names (those ffi.py calls) and the C++ symbols behind them (ffi.cc).
 _TARGETS = {
     "tridiax_thomas_cpu": "TridiaxThomasCpu",
@@ -51,195 +53,216 @@ _TARGETS = {
     "tridiax_banded_cpu": "TridiaxBandedCpu",
     "tridiax_block_cpu": "TridiaxBlockCpu",
 }
+# Progress lines of a first-use build at most this often, in seconds.
+_PROGRESS_EVERY = 10.0
 
 
-# -march=native: the library is cached per CPU (the key includes its feature flags).
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC")
-# -ffp-contract=off: no multiply-add is fused into one rounding, so every code path (vector
-# loops, scalar tails, tiles of any width) rounds each operation as the sequential sweep
-# written out does, and a system gets the same answer, bit for bit, in any batch or layout.
-# The block kernel fuses them (=fast) as XLA's CPU compiler does, so that its block
-# eliminations round as the XLA formulation's, bit for bit. TRIDIAX_FP_CONTRACT_OFF tells the
-# headers whose arithmetic must not be contracted (sweeps.h) that they may be included.
-_CONTRACTION = {_BLOCK_SOURCE: ("-ffp-contract=fast",)}
+def library_name(level: str) -> str:
+    return f"cpu_kernels-{level}.so"
 
 
-def _source_flags(source: pathlib.Path) -> tuple[str, ...]:
-    return (*_FLAGS,
-            *_CONTRACTION.get(source, ("-ffp-contract=off", "-DTRIDIAX_FP_CONTRACT_OFF")))
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The library this process loads: where, for which level (an x86-64 level or "native"),
+    where it came from ("installed", "built on first use") and why this one."""
+    path: pathlib.Path
+    level: str
+    origin: str
+    why: str
 
 
-def _cpu_flags() -> str:
+class Unavailable(RuntimeError):
+    """No native kernel here; the message says why and what would change it."""
+
+
+def _mode() -> str:
+    mode = os.environ.get("TRIDIAX_NATIVE", "1")
+    if mode not in ("0", "1", "build"):
+        raise Unavailable(f"TRIDIAX_NATIVE={mode!r} is not one of 0 (off), 1 (default) or build "
+                          "(compile on first use even where the package has compiled kernels)")
+    return mode
+
+
+def _load(path: pathlib.Path) -> ctypes.CDLL:
+    return ctypes.cdll.LoadLibrary(str(path))
+
+
+@functools.cache
+def manifest() -> dict | None:
+    """What the install built (hatch_build.py writes it): None in a source tree."""
+    try:
+        return json.loads(MANIFEST.read_text())
+    except FileNotFoundError:
+        return None
+
+
+@functools.cache
+def cpu_level(probe: pathlib.Path | None = None) -> int:
+    """The highest x86-64 level this CPU runs (2, 3, 4; 1 below; 0 elsewhere), as a library built
+    for the baseline level (`probe`) reports it."""
+    if not compiler.is_x86_64() or probe is None:
+        return 0
+    function = _load(probe).TridiaxCpuLevel
+    function.restype = ctypes.c_int64
+    return int(function())
+
+
+def _level_number(level: str) -> int:
+    return int(level.rsplit("v", 1)[1])
+
+
+def _installed_choice(built: dict) -> Choice:
+    """The installed library for this CPU: the pinned level, else the highest it runs."""
+    levels = sorted(built, key=_level_number)
+    runs = cpu_level(INSTALLED / built[levels[0]])
+    pinned = _pinned()
+    if pinned:
+        if pinned not in built:
+            raise Unavailable(f"TRIDIAX_CPU_LEVEL={pinned} names no installed level (installed: "
+                              f"{', '.join(levels)})")
+        if _level_number(pinned) > runs:
+            raise Unavailable(f"TRIDIAX_CPU_LEVEL={pinned}: this CPU runs x86-64-v{runs} at most")
+        return Choice(INSTALLED / built[pinned], pinned, "installed", "pinned by TRIDIAX_CPU_LEVEL")
+    usable = [level for level in levels if _level_number(level) <= runs]
+    if not usable:
+        raise Unavailable(f"this CPU runs x86-64-v{runs}; the installed kernels need "
+                          f"{levels[0]} or above")
+    return Choice(INSTALLED / built[usable[-1]], usable[-1], "installed",
+                  f"the best of the installed levels ({', '.join(levels)}) this CPU runs "
+                  f"(x86-64-v{runs})")
+
+
+def _runtime_ffi_version() -> str | None:
+    return compiler.ffi_api_version(jax.ffi.include_dir())
+
+
+def _cache_key(compiler_path: str, level: str) -> str:
+    """The first-use build's key: the sources, the compiler, the flags, the FFI headers and
+    this CPU (for -march=native)."""
+    include = pathlib.Path(jax.ffi.include_dir())
+    cpu_flags = ""
     try:
         text = pathlib.Path("/proc/cpuinfo").read_text()
+        cpu_flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
     except OSError:
-        return platform.processor()
-    return next((line for line in text.splitlines() if line.startswith("flags")), "")
+        cpu_flags = platform.processor()
+    parts = [*(path.read_bytes() for path in (*compiler.SOURCES, *compiler.HEADERS)),
+             *(path.read_bytes() for path in sorted(include.rglob("*.h"))),
+             jax.__version__.encode(), cpu_flags.encode(), compiler_path.encode(),
+             *(" ".join(compiler.source_flags(source, level)).encode()
+               for source in compiler.SOURCES),
+             str(compiler.vector_math_library()).encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
-@functools.cache
-def _vector_math_library() -> str | None:
-    """glibc's vector math library (libmvec, glibc >= 2.35: the float64 tanh of IndRNN), by the
-    name the linker takes (`libmvec.so.1`), or None where there is none."""
-    if platform.system() != "Linux":
-        return None
-    return ctypes.util.find_library("mvec")
+def _pinned() -> str | None:
+    """The level TRIDIAX_CPU_LEVEL pins, if any."""
+    return os.environ.get("TRIDIAX_CPU_LEVEL") or None
 
 
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no sched_getaffinity outside Linux
-        return max(1, os.cpu_count() or 1)
+def _checked(choice: Choice) -> Choice:
+    """`choice`, if this CPU runs its level (a pinned one may not)."""
+    if choice.level != compiler.NATIVE:
+        runs = cpu_level(choice.path)
+        if _level_number(choice.level) > runs:
+            raise Unavailable(f"TRIDIAX_CPU_LEVEL={choice.level}: this CPU runs x86-64-v{runs} at most")
+    return choice
 
 
-# What compiling each source costs one core, in seconds, low and high: the order the sources
-# are started in (longest first, so that the cores finish together) and the build notice's
-# estimate. A source not listed counts as _DEFAULT_SECONDS.
-_SOURCE_SECONDS = {"block.cc": (15, 30), "banded.cc": (15, 30), "recurrence.cc": (8, 16),
-                   "chunks.cc": (5, 10), "solve.cc": (3, 7), "ffi.cc": (3, 7),
-                   "factor.cc": (3, 6)}
-_DEFAULT_SECONDS = (5, 10)
-
-
-def _seconds(source: pathlib.Path) -> tuple[int, int]:
-    return _SOURCE_SECONDS.get(source.name, _DEFAULT_SECONDS)
-
-
-def _compile(compiler: str, out: pathlib.Path, *, vector_math: str | None) -> None:
-    """One compiler process per source, as many at once as there are cores, the longest
-    first; then one link into the library."""
-    extra = ["-I", jax.ffi.include_dir(), *(["-DTRIDIAX_LIBMVEC"] if vector_math else [])]
-    objects = {source: out.with_name(f"{out.name}.{source.stem}.o") for source in _SOURCES}
-
-    def compile_one(source):
-        cmd = [compiler, *_source_flags(source), *extra, "-c", str(source), "-o",
-               str(objects[source])]
-        return subprocess.run(cmd, capture_output=True, text=True)
-
-    order = sorted(_SOURCES, key=lambda source: -_seconds(source)[1])
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_cores()) as pool:
-        done = list(pool.map(compile_one, order))
-    for job in done:
-        if job.returncode:
-            raise subprocess.CalledProcessError(job.returncode, job.args, job.stdout, job.stderr)
-    cmd = [compiler, "-shared", *(str(objects[source]) for source in _SOURCES), "-o", str(out),
-           "-lpthread", *([f"-l:{vector_math}"] if vector_math else [])]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
-def _build(compiler: str, out: pathlib.Path) -> None:
-    """Build with libmvec where there is one; where that build fails, without it."""
-    vector_math = _vector_math_library()
-    if vector_math:
-        try:
-            return _compile(compiler, out, vector_math=vector_math)
-        except subprocess.CalledProcessError as err:
-            _LOG.warning("tridiax: building with glibc's %s failed (%s); building without it "
-                         "(float64 tanh IndRNNs then take libm's scalar tanh)", vector_math,
-                         (err.stderr or "").strip()[:200] or f"exit status {err.returncode}")
-    _compile(compiler, out, vector_math=None)
-
-
-def _build_estimate(cores: int | None = None) -> str:
-    """What the build costs on `cores` cores (default: those this process may run on), for
-    the notice: the sources compile as `_compile` starts them, longest first, each on the
-    first core to be free."""
-    cores, sources = max(1, cores or _cores()), len(_SOURCES)
-
-    def finish(costs):
-        free = [0] * cores
-        for cost in sorted(costs, reverse=True):
-            free[free.index(min(free))] += cost
-        return max(free)
-
-    low, high = (finish([_seconds(source)[k] for source in _SOURCES]) for k in (0, 1))
-    return (f"{sources} C++ source{'s' if sources > 1 else ''} on {cores} "
-            f"core{'s' if cores > 1 else ''}: about {low}-{high} s")
-
-
-@functools.cache
-def _library_path() -> pathlib.Path:
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    key = hashlib.sha256(
-        b"\0".join([*(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
-                    jax.__version__.encode(), _cpu_flags().encode(), compiler.encode(),
-                    *(" ".join(_source_flags(source)).encode() for source in _SOURCES),
-                    str(_vector_math_library()).encode()])
-    ).hexdigest()[:16]
+def _built_on_first_use(why: str) -> Choice:
+    """This CPU's library (or the pinned level's) from the cache, built there first if it is
+    not."""
+    level = _pinned() or compiler.NATIVE
+    if level != compiler.NATIVE and (level not in compiler.LEVELS or not compiler.is_x86_64()):
+        raise Unavailable(f"TRIDIAX_CPU_LEVEL={level} is not one of the x86-64 levels {compiler.LEVELS}")
+    if level != compiler.NATIVE:
+        why = f"{why}; pinned by TRIDIAX_CPU_LEVEL"
+    compiler_path = compiler.find_compiler()
+    if compiler_path is None:
+        raise Unavailable("no C++ compiler found (set CXX or install g++)")
     cache = pathlib.Path(os.environ.get("TRIDIAX_CACHE_DIR", "~/.cache/tridiax")).expanduser()
-    path = cache / f"cpu_kernels-{key}.so"
-    if not path.exists():
-        _LOG.warning(
-            "tridiax: building the native CPU kernel, once per machine, compiler and jax version "
-            "(%s), into %s (TRIDIAX_CACHE_DIR); silence this with "
-            "logging.getLogger('tridiax').setLevel(logging.ERROR)", _build_estimate(), path)
-        start = time.perf_counter()
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            built = pathlib.Path(tmp) / path.name
-            try:
-                _build(compiler, built)
-            except subprocess.CalledProcessError as err:
-                output = (err.stderr or err.stdout or "").strip() or "(no output)"
-                raise RuntimeError(f"building the kernels with {compiler} failed (exit status "
-                                   f"{err.returncode}):\n{output}") from None
-            os.replace(built, path)  # atomic: concurrent builders race harmlessly
-        _LOG.warning("tridiax: built the native CPU kernel in %.0f s", time.perf_counter() - start)
-    return path
+    path = cache / f"cpu_kernels-{level}-{_cache_key(compiler_path, level)}.so"
+    failed = path.with_suffix(".failed")
+    if path.exists():
+        return _checked(Choice(path, level, "built on first use", why))
+    if failed.exists():
+        raise Unavailable(f"building the kernels with {compiler_path} failed before (the record: "
+                          f"{failed}; delete it to try again):\n{failed.read_text().strip()}")
+    _LOG.warning(
+        "tridiax: building the native CPU kernel for %s (%s; %s), once per machine, compiler "
+        "and jax version, into %s (TRIDIAX_CACHE_DIR); silence this with "
+        "logging.getLogger('tridiax').setLevel(logging.ERROR)",
+        "this CPU" if level == compiler.NATIVE else level, why, compiler.estimate(), path)
+    start = last = time.perf_counter()
+
+    def progress(done, total):
+        nonlocal last
+        now = time.perf_counter()
+        if done < total and now - last >= _PROGRESS_EVERY:
+            last = now
+            _LOG.warning("tridiax: compiling the native CPU kernel: %d of %d sources, %.0f s",
+                         done, total, now - start)
+
+    cache.mkdir(parents=True, exist_ok=True)
+    errors = compiler.build({level: path}, compiler=compiler_path,
+                            include_dir=jax.ffi.include_dir(), warn=_LOG.warning, progress=progress)
+    error = errors[level]
+    if error is not None:
+        failed.write_text(error)
+        raise Unavailable(f"building the kernels with {compiler_path} failed (recorded in "
+                          f"{failed}; delete it to try again):\n{error}")
+    _LOG.warning("tridiax: built the native CPU kernel in %.0f s", time.perf_counter() - start)
+    return _checked(Choice(path, level, "built on first use", why))
 
 
 @functools.cache
-def scan_rows(itemsize: int) -> int:
-    """Rows of a real element of `itemsize` bytes that the kernel scans per vector register in
-    contiguous lanes (lanes.h, VectorOps): 16 float32 with AVX-512; 0 where the kernel
-    is not built or was built without them (the planner then sends no tile there)."""
-    if not available():
-        return 0
-    function = ctypes.cdll.LoadLibrary(str(_library_path())).TridiaxScanRows
-    function.restype = ctypes.c_int64
-    function.argtypes = [ctypes.c_int64]
-    return int(function(itemsize))
+def choice() -> Choice:
+    """The library this process runs (see the module docstring); raises `Unavailable`."""
+    mode = _mode()
+    if mode == "0":
+        raise Unavailable("TRIDIAX_NATIVE=0 turns it off")
+    if mode == "build":
+        return _built_on_first_use("TRIDIAX_NATIVE=build")
+    installed = manifest()
+    if installed is None:
+        return _built_on_first_use("no compiled kernels installed: a source tree")
+    built = installed.get("built", {})
+    if not built:
+        failures = "; ".join(f"{level}: {error.splitlines()[0]}"
+                             for level, error in installed.get("failed", {}).items())
+        raise Unavailable("the install compiled no kernels (" + (failures or "no build ran") +
+                          "); reinstall where a C++ compiler works, or set TRIDIAX_NATIVE=build")
+    runtime = _runtime_ffi_version()
+    if runtime is not None and installed.get("ffi_api_version") not in (None, runtime):
+        return _built_on_first_use(
+            f"the installed kernels use XLA FFI {installed['ffi_api_version']}, this jaxlib "
+            f"{runtime}")
+    return _installed_choice(built)
 
 
 @functools.cache
-def vector_math() -> bool:
-    """Whether the built kernel takes float64 tanh from glibc's vector math library (libmvec);
-    False where the kernel is not built, or was built without it."""
-    if not available():
-        return False
-    function = ctypes.cdll.LoadLibrary(str(_library_path())).TridiaxVectorMath
-    function.restype = ctypes.c_int64
-    return bool(function())
+def _library() -> ctypes.CDLL:
+    return _load(choice().path)
 
 
 @functools.cache
 def unavailable_reason() -> str | None:
-    """Why the native CPU kernel cannot run (None: it is built and registered; builds it on first
-    call): TRIDIAX_NATIVE=0, no compiler, or the compiler's error."""
-    if os.environ.get("TRIDIAX_NATIVE", "1") == "0":
-        return "TRIDIAX_NATIVE=0 turns it off"
+    """Why the native CPU kernel cannot run (None: it is loaded and registered; builds it on first
+    call where it must)."""
     try:
-        library = ctypes.cdll.LoadLibrary(str(_library_path()))
+        library = _library()
         for target, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
                                         platform="cpu")
-    except (OSError, RuntimeError) as err:
+    except (OSError, Unavailable) as err:
         return str(err)
     return None
 
 
-def library_path() -> pathlib.Path | None:
-    """Where the built library is cached (None: not built)."""
-    return None if unavailable_reason() else _library_path()
-
-
 @functools.cache
 def available() -> bool:
-    """Whether the native CPU kernel is built and registered (builds it on first call)."""
+    """Whether the native CPU kernel is loaded and registered (builds it on first call where it
+    must)."""
     reason = unavailable_reason()
     if reason is not None and os.environ.get("TRIDIAX_NATIVE", "1") != "0":
         warnings.warn(
@@ -249,3 +272,32 @@ def available() -> bool:
             stacklevel=2,
         )
     return reason is None
+
+
+def library_path() -> pathlib.Path | None:
+    """The library this process runs (None: none)."""
+    return None if unavailable_reason() else choice().path
+
+
+@functools.cache
+def scan_rows(itemsize: int) -> int:
+    """Rows of a real element of `itemsize` bytes that the kernel scans per vector register in
+    contiguous lanes (lanes.h, VectorOps): 16 float32 with AVX-512; 0 where the kernel
+    is not built or was built without them (the planner then sends no tile there)."""
+    if not available():
+        return 0
+    function = _library().TridiaxScanRows
+    function.restype = ctypes.c_int64
+    function.argtypes = [ctypes.c_int64]
+    return int(function(itemsize))
+
+
+@functools.cache
+def vector_math() -> bool:
+    """Whether the loaded kernel takes float64 tanh from glibc's vector math library (libmvec);
+    False where the kernel is not built, or was built without it."""
+    if not available():
+        return False
+    function = _library().TridiaxVectorMath
+    function.restype = ctypes.c_int64
+    return bool(function())

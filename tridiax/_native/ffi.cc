@@ -10,6 +10,10 @@
 
 namespace ffi = xla::ffi;
 
+// The library is compiled with -fvisibility=hidden (compiler.py): what follows is all it exports,
+// so that two builds of it (two x86-64 levels) loaded into one process share no symbol.
+#pragma GCC visibility push(default)
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxThomasCpu, tridiax::cpu::ThomasImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -136,7 +140,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TridiaxBlockCpu, tridiax::cpu::BlockImpl,
                                   .Attr<bool>("transposed")
                                   .Attr<int64_t>("cache"));
 
-// What the library was built with (tridiax/_native/build.py asks, the planner decides from it).
+// What the library was built with, and the CPU it runs on (tridiax/_native/build.py asks, the
+// planner decides from it).
 
 // Rows of a real element of `itemsize` bytes that one vector register holds where the kernels
 // hold rows of a lane in vector registers (lanes.h, TRIDIAX_VECTOR_SCAN); 0 where they cannot.
@@ -158,3 +163,34 @@ extern "C" int64_t TridiaxVectorMath() {
   return 0;
 #endif
 }
+
+// The highest x86-64 level (compiler.py's LEVELS: 2, 3, 4) this CPU and its operating system
+// run, 1 below those, 0 on other architectures: build.py asks the baseline library before it
+// loads the best one there is.
+// Compiled for the first x86-64 level whatever the library's level, so that asking is safe on any
+// x86-64 CPU.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TRIDIAX_ANY_X86_64 __attribute__((target("arch=x86-64")))
+#else
+#define TRIDIAX_ANY_X86_64
+#endif
+extern "C" TRIDIAX_ANY_X86_64 int64_t TridiaxCpuLevel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  // The features each level adds that the kernels' code generation can use; the compiler's
+  // checks include the operating system's support of the AVX and AVX-512 registers.
+  const bool v2 = __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("sse4.2") &&
+                  __builtin_cpu_supports("ssse3");
+  const bool v3 = v2 && __builtin_cpu_supports("avx") && __builtin_cpu_supports("avx2") &&
+                  __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+                  __builtin_cpu_supports("bmi2");
+  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+  return v4 ? 4 : v3 ? 3 : v2 ? 2 : 1;
+#else
+  return 0;
+#endif
+}
+
+#pragma GCC visibility pop

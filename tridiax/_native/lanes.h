@@ -8,7 +8,7 @@
 // This header and the others the kernels share (threads.h, tiles.h, sweeps.h) put what they
 // define in an anonymous namespace inside tridiax::cpu: every source that includes them
 // compiles its own copy, with internal linkage, and no inline copy is shared between sources.
-// The sources are compiled with different -ffp-contract (tridiax/_native/build.py: =fast for
+// The sources are compiled with different -ffp-contract (tridiax/_native/compiler.py: =fast for
 // the block kernel, so that it rounds as XLA does; =off elsewhere), and even under =off GCC
 // fuses some complex multiplications into vfmaddsub, depending on what it inlined around them:
 // a copy the linker merged across sources could round one source's arithmetic as another's.

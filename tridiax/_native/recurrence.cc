@@ -47,7 +47,7 @@ inline U GateSlope(U g, U one, U zero) {
 // step it serves. float32 takes the rational approximation XLA's CPU tanh uses
 // (Eigen's: odd degree 13 over even degree 6 on [-7.9053, 7.9053], clamped beyond, x itself
 // below 4e-4; within 6 ulp), which the compiler vectorizes; float64 goes through glibc's
-// vector tanh (libmvec, glibc >= 2.35, within 4 ulp: tridiax/_native/build.py adds
+// vector tanh (libmvec, glibc >= 2.35, within 4 ulp: tridiax/_native/compiler.py adds
 // -DTRIDIAX_LIBMVEC and links -l:libmvec.so.1 where it finds it), else libm's.
 inline float RationalTanh(float x) {
   const float c = std::min(std::max(x, -7.90531110763549805f), 7.90531110763549805f);

@@ -10,7 +10,7 @@
 // The arithmetic here must round each operation on its own (no multiply-add fused into one
 // rounding), so that a system gets the sequential sweep's answer bit for bit in any tile, batch
 // and layout: only sources compiled with -ffp-contract=off may include this header, and the
-// build (tridiax/_native/build.py) defines TRIDIAX_FP_CONTRACT_OFF for those alone. Internal
+// build (tridiax/_native/compiler.py) defines TRIDIAX_FP_CONTRACT_OFF for those alone. Internal
 // linkage, a copy per source, as lanes.h explains.
 
 #pragma once
