@@ -1,5 +1,7 @@
 """The shape table once per build of the native CPU kernels, side by side: each x86-64 level
-(pinned with TRIDIAX_CPU_LEVEL) and this CPU's own build (TRIDIAX_NATIVE=build, -march=native).
+(pinned with TRIDIAX_CPU_LEVEL) and this CPU's own build (TRIDIAX_NATIVE=build, -march=native);
+`native-O2` is this CPU's own build compiled at -O2 instead of -O3 (what the optimization level
+is worth).
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/bench_levels.py [--levels x86-64-v3 native]
         [--dtype float32] [--only SUBSTRING ...] [--quick] [--rounds 1] [--json FILE]
@@ -29,6 +31,11 @@ sys.path.insert(0, str(HERE.parent))  # a source tree's tridiax, where it is not
 from tridiax._native import build, compiler  # noqa: E402
 
 NATIVE = compiler.NATIVE
+NATIVE_O2 = "native-O2"
+# bench_shapes.py in a process whose first-use build compiles at -O2.
+AT_O2 = ("import runpy, sys; from tridiax._native import compiler; compiler._OPTIMIZATION = '-O2'; "
+         "sys.path.insert(0, {here!r}); sys.argv = sys.argv[1:]; "
+         "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def runnable_levels() -> list[str]:
@@ -43,12 +50,13 @@ def runnable_levels() -> list[str]:
 
 def run_shapes(level: str, args, out: Path) -> dict:
     env = dict(os.environ)
-    if level == NATIVE:
+    if level in (NATIVE, NATIVE_O2):
         env.update(TRIDIAX_NATIVE="build")
         env.pop("TRIDIAX_CPU_LEVEL", None)
     else:
         env.update(TRIDIAX_CPU_LEVEL=level)
-    cmd = [sys.executable, str(HERE / "bench_shapes.py"), "--skip-lax", "--dtype", *args.dtype,
+    python = [sys.executable, *(["-c", AT_O2.format(here=str(HERE))] if level == NATIVE_O2 else [])]
+    cmd = [*python, str(HERE / "bench_shapes.py"), "--skip-lax", "--dtype", *args.dtype,
            "--json", str(out), *(["--quick"] if args.quick else []),
            *(["--only", *args.only] if args.only else [])]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)

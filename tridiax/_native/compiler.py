@@ -95,8 +95,8 @@ def cores() -> int:
 # What compiling each source costs one core, in seconds, low and high: the order the sources
 # are started in (longest first, so that the cores finish together) and the build notice's
 # estimate. A source not listed counts as _DEFAULT_SECONDS.
-SOURCE_SECONDS = {"block.cc": (15, 30), "banded.cc": (15, 30), "recurrence.cc": (8, 16),
-                  "chunks.cc": (5, 10), "solve.cc": (3, 7), "ffi.cc": (3, 7),
+SOURCE_SECONDS = {"block.cc": (18, 36), "banded.cc": (19, 38), "recurrence.cc": (10, 20),
+                  "chunks.cc": (6, 12), "solve.cc": (4, 8), "ffi.cc": (4, 8),
                   "factor.cc": (3, 6)}
 _DEFAULT_SECONDS = (5, 10)
 
