@@ -84,7 +84,7 @@ def _native_lines() -> list[str]:
     elif cxx and shutil.which(cxx) is None:
         lines.append(f"  fix: CXX={cxx} is not a program found on PATH: point CXX at a C++17 "
                      "compiler, or unset it to use c++ / g++")
-    elif shutil.which("c++") is None and shutil.which("g++") is None:
+    elif not cxx and shutil.which("c++") is None and shutil.which("g++") is None:
         lines.append("  fix: install a C++17 compiler (Debian/Ubuntu: apt-get install g++; conda: "
                      "conda install gxx) or point CXX at one, then reinstall tridiax (or set "
                      "TRIDIAX_NATIVE=build)")
