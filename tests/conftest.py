@@ -27,11 +27,13 @@ SLOW_MODULES = frozenset({
 
 def pytest_collection_modifyitems(config, items):
     """The fast tier (`-m "not slow"`) runs every test function once, with its first
-    parameters; its other parameters, the modules in SLOW_MODULES and the `large` runs are
-    marked `slow` and run in the full suite (CI)."""
+    parameters: once per module, class and name, so each backend's subclass of a family's
+    contract keeps a case of every test. The other parameters, the modules in SLOW_MODULES and
+    the `large` runs are marked `slow` and run in the full suite (CI)."""
     seen = set()
     for item in items:
-        function = (item.module.__name__, getattr(item, "originalname", item.name))
+        function = (item.module.__name__, item.cls.__name__ if item.cls else None,
+                    getattr(item, "originalname", item.name))
         if (item.module.__name__ in SLOW_MODULES or function in seen
                 or item.get_closest_marker("large") is not None):
             item.add_marker(pytest.mark.slow)

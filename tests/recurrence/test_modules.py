@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import assert_close
-from test_recurrence import jax_loop
+from recurrence_contract import jax_loop
 
 import tridiax
 

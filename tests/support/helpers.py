@@ -270,3 +270,43 @@ def relative_error(x, truth) -> float:
     truth = np.asarray(truth)
     x = np.asarray(x).astype(truth.dtype)
     return float(np.linalg.norm((x - truth).ravel()) / np.linalg.norm(truth.ravel()))
+
+
+def over_dtypes(*dtypes):
+    """Runs a test of a `BackendContract` once for each of `dtypes` its class's backend runs,
+    as its `dtype` argument."""
+
+    def mark(test):
+        test.dtypes = dtypes
+        return test
+
+    return mark
+
+
+def dtype_id(dtype) -> str:
+    """A dtype's name, for test ids."""
+    return np.dtype(dtype).name
+
+
+class BackendContract:
+    """The base of a family's contract: the tests every backend passes, in a class each
+    backend's test module subclasses, setting `backend`. A subclass whose backend does not run
+    on this machine's default device (see `backends`) is not collected: pytest collects a class
+    unless its `__test__` is false, so nothing is reported for it, skipped or otherwise. A test
+    marked `over_dtypes` runs in each of those dtypes the backend runs (`runs`)."""
+
+    backend: str
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.__test__ = getattr(cls, "backend", None) in backends()
+
+    @classmethod
+    def runs(cls, dtype) -> bool:
+        """Whether this backend runs `dtype` on this machine's default device."""
+        return cls.backend in backends(dtype)
+
+    def pytest_generate_tests(self, metafunc):
+        dtypes = getattr(metafunc.function, "dtypes", None)
+        if dtypes is not None:
+            metafunc.parametrize("dtype", [t for t in dtypes if self.runs(t)], ids=dtype_id)

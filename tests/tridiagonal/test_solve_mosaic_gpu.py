@@ -1,0 +1,11 @@
+"""solve_tridiagonal on the mosaic_gpu backend (the Pallas Mosaic GPU kernels, NVIDIA Hopper
+and later): the contract every backend passes, in the real 16- and 32-bit dtypes it runs
+(solve_contract.py). Collected only where Mosaic GPU runs on the default device."""
+
+from __future__ import annotations
+
+from solve_contract import SolveContract
+
+
+class TestMosaicGpu(SolveContract):
+    backend = "mosaic_gpu"
