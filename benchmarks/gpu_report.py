@@ -55,7 +55,11 @@ from tridiax._tridiagonal.api import solve
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Peak memory bandwidth (GB/s) by device kind (vendor figures), for the fraction column.
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0}
-TEST_FILES = ["tests/tridiagonal/test_solve.py", "tests/recurrence/test_recurrence.py",
+# Each family's contract runs once per GPU backend (test_<family>_<backend>.py).
+GPU_TESTED = ("pallas_triton", "mosaic_gpu", "xla")
+TEST_FILES = ["tests/tridiagonal/test_solve.py", *(f"tests/tridiagonal/test_solve_{b}.py" for b in GPU_TESTED),
+              "tests/recurrence/test_recurrence.py",
+              *(f"tests/recurrence/test_recurrence_{b}.py" for b in GPU_TESTED),
               "tests/long_systems/test_chunked.py", "tests/project/test_jax_private.py",
               "tests/gpu/test_gpu_lowering.py", "tests/gpu/test_mosaic_gpu.py"]
 KINDS = {  # name: (keyword arguments of solve, or "factored" / "recurrence" / "indrnn")
