@@ -1,0 +1,455 @@
+"""What the Pallas Mosaic TPU kernels share: the (P, N, Q) view cut into row tiles.
+
+A TPU core computes on vector registers of 8 sublanes x 128 lanes, and its memories (HBM and
+the on-chip VMEM) store the last two dimensions of an array in (8, 128) tiles (bf16: (16, 128),
+two rows packed per 32-bit word). A sweep walks the N rows of its systems one after the other,
+so a register should hold one row of many systems: a *row tile* of s sublanes x 128 lanes
+(s <= 8) of systems, in float32 whatever the operands' dtype. How the systems of (P, N, Q)
+arrays become row tiles is the *layout* (`Geometry.layout`):
+
+- "lanes" (Q >= 1024, or Q >= 128 with P < 8): a group is s*128 consecutive q of one p. The
+  HBM block (1, rows, s*128) lies in VMEM as tiles of 8 rows x 128 q, so row i of the group is
+  one sublane of each of s tiles: one strided load (`lanes_row`), no data moved around.
+- "sublanes" (1 < Q < 1024 and P >= 8, or P * Q small): a group is s values of p times w = 128
+  q (w = Q when Q < 128). Each p of the block is staged into a 2D scratch (s * rows, w), where
+  row i of the s systems is every rows-th sublane: one strided load (`sublanes_row`).
+- "transposed" (Q == 1, batch-first systems, P >= 128): a group is s*128 consecutive p; the
+  (P, N) operand's block (s*128, rows) holds 128 rows per lane tile, so it is transposed on
+  chip, 128 x 128 at a time by the transpose unit, into a (rows, s*128) scratch read as in
+  "lanes". The transposes stay in VMEM: no HBM transpose, one read of each operand.
+
+Rows are cut into chunks of `Geometry.chunk` rows, the last axis of the grid: a block holds one
+chunk of every operand, so VMEM holds the same few chunks whatever N is, and Pallas's
+pipeline fetches the next chunk while the sweep walks this one (two buffers per operand).
+Groups are the first two axes of the grid ("parallel": TensorCores of a megacore chip share
+them); chunks are "arbitrary" (walked in order, the sweep's state carried in scratch).
+
+Operands arrive as (P|1, N|1, Q|1) (`launch` prepares each): full along N they are read by
+rows; broadcast along N (a per-system constant, an initial state) they become one tile per group
+(`tiles_of`, an XLA relayout of P*Q values, small next to the N-long operands); full along N
+and broadcast along P and Q (one matrix for every system) they are read as one scalar per row
+from SMEM. Other partial broadcasts (along P or Q only, in the "sublanes" and "transposed"
+layouts) are broadcast to the full shape first, at the cost of the bytes that writes.
+
+Half-precision operands are converted to float32 in VMEM (staged like a transposed layout's
+operands): a packed bf16 row cannot be loaded at a dynamic row. Float64 and complex dtypes are
+not taken (`_core/backend.py` says why and runs XLA's loop instead).
+
+Ragged sizes: blocks at the edges of P, Q and N overhang the arrays; their rows and systems
+outside the arrays hold whatever VMEM held, are computed like any other lane (no lane reads
+another's) and never written back (Pallas clips the copies), and the loops run over the
+chunk's valid rows only.
+
+`interpret`: a `pltpu.InterpretParams` runs the kernels on CPU with TPU semantics (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+try:  # Pallas's Mosaic TPU backend (jax.experimental.pallas.tpu)
+    from jax.experimental.pallas import tpu as pltpu
+except ImportError:  # pragma: no cover - a JAX without it: the backend is unavailable
+    pltpu = None
+
+SUBLANES = 8
+LANES = 128
+# Rows per chunk of long systems: a multiple of 128, since an SMEM band's block (1, chunk) has
+# its rows on lanes, and a "transposed" block too.
+CHUNK = 256
+# Bytes of VMEM a kernel plans for (pipeline buffers and scratch): under the 16 MiB of scoped
+# VMEM that v4, v5e and v5p give a kernel by default, with room for Mosaic's own scratch.
+VMEM_BUDGET = 12 << 20
+# Scoped VMEM the kernels ask for: the default of v4, v5e and v5p, stated so that the compiled
+# program says it (tests/tpu/test_tpu_compile.py checks the plan against it).
+VMEM_LIMIT = 16 << 20
+TAKES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def unavailable_dtype(dtype) -> str | None:
+    """Why the TPU kernels cannot take `dtype` (None: they can)."""
+    if jnp.dtype(dtype) not in TAKES:
+        return (f"the Pallas TPU kernels take float32, bfloat16 and float16 (computed in "
+                f"float32), not {jnp.dtype(dtype)}")
+    return None
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """How a call over (P, N, Q) arrays is cut into groups of systems and chunks of rows.
+
+    `s` x `w`: a row tile (sublanes x lanes holding systems; w is 128 except in the
+    "sublanes" layout for Q < 128). `chunk`: rows of one block along N; `chunks`: blocks
+    along N (the last one may overhang N)."""
+
+    layout: str
+    P: int
+    N: int
+    Q: int
+    s: int
+    w: int
+    chunk: int
+    chunks: int
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        """Grid extent of the groups of systems (along P, along Q)."""
+        if self.layout == "lanes":
+            return self.P, -(-self.Q // (self.s * LANES))
+        if self.layout == "sublanes":
+            return -(-self.P // self.s), -(-self.Q // self.w)
+        return -(-self.P // (self.s * LANES)), 1
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        """Shape of a row tile (the values a sweep computes on at each row)."""
+        return (self.s, self.w)
+
+    @property
+    def rows(self) -> int:
+        """Rows of every chunk's VMEM buffers: the chunk, or N rounded up to a whole number of
+        tiles (16 rows: bf16's tiles; 128 where rows lie on lanes) when one chunk holds N."""
+        if self.chunks > 1:
+            return self.chunk
+        return _round_up(self.N, LANES if self.layout == "transposed" else 16)
+
+    @property
+    def scalar_rows(self) -> int:
+        """Rows of an SMEM band's block, on lanes: a multiple of 128."""
+        return self.chunk if self.chunks > 1 else _round_up(self.N, LANES)
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of a scratch holding every chunk (the solve's eliminated rows)."""
+        return self.chunks * self.rows
+
+    def valid(self, j):
+        """Rows of chunk j (a traced chunk index) that lie in the arrays."""
+        if self.chunks == 1:
+            return self.N
+        return jnp.minimum(self.chunk, self.N - j * self.chunk)
+
+    def row_tile_bytes(self) -> int:
+        """VMEM bytes of one float32 row tile as the scratches store it (lanes padded to 128)."""
+        return self.s * LANES * 4
+
+    def block_bytes(self, itemsize: int) -> int:
+        """VMEM bytes of one buffer of an operand's block (tiles padded to (8, 128))."""
+        if self.layout == "sublanes":
+            return self.s * _round_up(self.rows, 16) * LANES * max(itemsize, 4)
+        if self.layout == "transposed":
+            return _round_up(self.s * LANES, 16) * self.rows * itemsize
+        return self.rows * self.s * LANES * max(itemsize, 4)
+
+
+def choose_layout(P: int, Q: int) -> str:
+    """The layout of (P, N, Q) arrays (module docstring)."""
+    if Q >= 1024 or (Q >= LANES and P < SUBLANES):
+        return "lanes"
+    if Q == 1 and P >= LANES:
+        return "transposed"
+    return "sublanes"
+
+
+def geometry(P: int, N: int, Q: int, *, vmem_bytes, chunk: int = CHUNK) -> Geometry:
+    """The geometry of a call whose VMEM need is `vmem_bytes(geometry)`: the widest row tile
+    (most sublanes) that fits VMEM_BUDGET, long systems in chunks of `chunk` rows. None when no
+    row tile fits (systems too long for a kernel that keeps all their rows: the caller runs
+    XLA's loop)."""
+    layout = choose_layout(P, Q)
+    if layout == "lanes":
+        s, w = min(SUBLANES, -(-Q // LANES)), LANES
+    elif layout == "sublanes":
+        s, w = min(SUBLANES, P), min(Q, LANES)
+    else:
+        s, w = min(SUBLANES, -(-P // LANES)), LANES
+    chunks = 1 if N <= chunk else -(-N // chunk)
+    while True:
+        g = Geometry(layout, P, N, Q, s, w, chunk, chunks)
+        if vmem_bytes(g) <= VMEM_BUDGET:
+            return g
+        if s == 1:
+            return None
+        s //= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Operands: how each is passed, and its rows inside the kernel.
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """How one operand reaches the kernel: `kind` is "rows" (full along N, read row by row,
+    straight from its block or from a float32 stage), "tile" (broadcast along N: one row tile
+    per group) or "scalar" (one value per row for every system, in SMEM). `staged`: its rows
+    are read from a float32 stage filled from the block at each chunk. `p_full`: full along P
+    (else its block index along P is 0)."""
+
+    kind: str
+    staged: bool = False
+    p_full: bool = True
+
+
+def staged(g: Geometry, dtype) -> bool:
+    """Whether rows of this dtype are staged in float32 (not read from the block itself)."""
+    return g.layout != "lanes" or jnp.dtype(dtype).itemsize < 4
+
+
+def prepare(g: Geometry, x, *, dtype=None):
+    """The array to pass for a (P|1, N|1, Q|1) operand, and its `Operand`. `dtype`: the dtype
+    a "tile" or "scalar" operand is passed in (float32)."""
+    p, n, q = x.shape
+    if n == 1 and g.N > 1:
+        return tiles_of(g, x), Operand("tile")
+    if p == 1 and q == 1 and (g.P > 1 or g.Q > 1):
+        return x.reshape(1, n).astype(jnp.float32), Operand("scalar", p_full=False)
+    if g.layout == "lanes" and q == 1 and g.Q > 1:
+        return x.reshape(p, n).astype(jnp.float32), Operand("scalar", p_full=p > 1)
+    if g.layout == "lanes":
+        return x, Operand("rows", staged=staged(g, x.dtype), p_full=p > 1)
+    x = jnp.broadcast_to(x, (g.P, n, g.Q))  # the partial broadcasts this layout does not read
+    if g.layout == "transposed":
+        x = x.reshape(g.P, n)
+    return x, Operand("rows", staged=True)
+
+
+def tiles_of(g: Geometry, x):
+    """(G0, G1, s, w) float32 row tiles of a (P|1, 1, Q|1) operand: group (g0, g1)'s values laid
+    out as its row tiles hold its systems."""
+    G0, G1 = g.groups
+    x = jnp.broadcast_to(x.astype(jnp.float32), (g.P, 1, g.Q))[:, 0, :]
+    if g.layout == "lanes":
+        width = G1 * g.s * LANES
+        x = jnp.pad(x, ((0, 0), (0, width - g.Q)))
+        return x.reshape(G0, G1, g.s, LANES)
+    if g.layout == "sublanes":
+        x = jnp.pad(x, ((0, G0 * g.s - g.P), (0, G1 * g.w - g.Q)))
+        return x.reshape(G0, g.s, G1, g.w).transpose(0, 2, 1, 3)
+    x = jnp.pad(x[:, 0], (0, G0 * g.s * LANES - g.P))
+    return x.reshape(G0, 1, g.s, LANES)
+
+
+def from_tiles(g: Geometry, t):
+    """The (P, 1, Q) array of (G0, G1, s, w) row tiles (the inverse of `tiles_of`)."""
+    G0, G1 = g.groups
+    if g.layout == "lanes":
+        return t.reshape(G0, G1 * g.s * LANES)[:, : g.Q][:, None, :]
+    if g.layout == "sublanes":
+        x = t.transpose(0, 2, 1, 3).reshape(G0 * g.s, G1 * g.w)
+        return x[: g.P, : g.Q][:, None, :]
+    return t.reshape(G0 * g.s * LANES)[: g.P].reshape(g.P, 1, 1)
+
+
+def block_spec(g: Geometry, op: Operand, chunk_of):
+    """The BlockSpec of a prepared operand `x`; `chunk_of(k)` is the chunk grid step k reads."""
+    if op.kind == "tile":
+        return pl.BlockSpec((None, None, g.s, g.w), lambda a, b, k: (a, b, 0, 0))
+    if op.kind == "scalar":
+        return pl.BlockSpec((1, g.scalar_rows),
+                            lambda a, b, k: (a if op.p_full else 0, chunk_of(k)),
+                            memory_space=pltpu.SMEM)
+    rows = g.rows
+    if g.layout == "lanes":
+        return pl.BlockSpec((1, rows, g.s * LANES),
+                            lambda a, b, k: (a if op.p_full else 0, chunk_of(k), b))
+    if g.layout == "sublanes":
+        return pl.BlockSpec((g.s, rows, g.w), lambda a, b, k: (a, chunk_of(k), b))
+    return pl.BlockSpec((g.s * LANES, rows), lambda a, b, k: (a, chunk_of(k)))
+
+
+def stage_shape(g: Geometry) -> tuple[int, int]:
+    """Shape of a float32 stage holding one chunk (`rows_shape` with `g.rows` rows)."""
+    return rows_shape(g, g.rows)
+
+
+def rows_shape(g: Geometry, rows: int) -> tuple[int, int]:
+    """Shape of a float32 scratch holding `rows` row tiles: (rows, s*128) for "lanes" and
+    "transposed" (a row is one sublane of each of s tiles), (s*rows, w) for "sublanes" (a row
+    is every rows-th sublane)."""
+    if g.layout == "sublanes":
+        return (g.s * rows, g.w)
+    return (rows, g.s * LANES)
+
+
+class RowRef:
+    """Row tiles stored in a 2D float32 ref in `rows_shape` form (a stage, a scratch, or a
+    float32 "lanes" block), rows `offset`, `offset` + 1, ... of it."""
+
+    def __init__(self, g: Geometry, ref, rows: int, offset=0):
+        self.g, self.ref, self.rows, self.offset = g, ref, rows, offset
+
+    def at(self, offset) -> RowRef:
+        return RowRef(self.g, self.ref, self.rows, offset)
+
+    def _index(self, i):
+        if self.g.layout == "sublanes":
+            return pl.ds(self.offset + i, self.g.s, stride=self.rows)
+        return pl.ds(self.offset + i, 1)
+
+    def load(self, i):
+        value = self.ref[self._index(i), :]
+        return value if self.g.layout == "sublanes" else value.reshape(self.g.tile)
+
+    def store(self, i, value):
+        if self.g.layout != "sublanes":
+            value = value.reshape(1, self.g.s * LANES)
+        self.ref[self._index(i), :] = value.astype(self.ref.dtype)
+
+
+class TileRef:
+    """An operand broadcast along N: the same row tile at every row."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def load(self, i):
+        del i
+        return self.ref[...]
+
+
+class ScalarRef:
+    """A band shared by every system: row i is one SMEM value, splat over the row tile."""
+
+    def __init__(self, g: Geometry, ref):
+        self.g, self.ref = g, ref
+
+    def load(self, i):
+        return jnp.full(self.g.tile, self.ref[0, i], jnp.float32)
+
+
+def stage_in(g: Geometry, block, stage):
+    """Fill a float32 stage (`stage_shape`) with the chunk's rows of a "rows" block."""
+    rows = g.rows
+    if g.layout == "lanes":
+        stage[...] = block[0].astype(jnp.float32)
+    elif g.layout == "sublanes":
+        for p in range(g.s):
+            stage[p * rows:(p + 1) * rows, :] = block[p].astype(jnp.float32)
+    else:
+        for j in range(g.s):
+            lanes = slice(j * LANES, (j + 1) * LANES)
+            stage[:, lanes] = block[lanes, :].astype(jnp.float32).T
+
+
+def stage_out(g: Geometry, source: RowRef, block):
+    """Write the chunk's rows held in `source` (rows source.offset ... + g.rows of a scratch of
+    source.rows rows) to an output block, converted to its dtype (and transposed back)."""
+    rows, start = g.rows, source.offset
+    if g.layout == "lanes":
+        block[0] = source.ref[pl.ds(start, rows), :].astype(block.dtype)
+    elif g.layout == "sublanes":
+        for p in range(g.s):
+            block[p] = source.ref[pl.ds(p * source.rows + start, rows), :].astype(block.dtype)
+    else:
+        for j in range(g.s):
+            lanes = slice(j * LANES, (j + 1) * LANES)
+            block[lanes, :] = source.ref[pl.ds(start, rows), lanes].T.astype(block.dtype)
+
+
+def aligned(offset):
+    """`offset` (a traced multiple of the rows of a chunk) marked as a multiple of 16, so that
+    Mosaic loads whole tiles of the scratch at it."""
+    return offset if isinstance(offset, int) else pl.multiple_of(offset, 16)
+
+
+def reader(g: Geometry, op: Operand, ref, stage):
+    """The row access of an operand inside the kernel: its block ref (and stage, if staged)."""
+    if op.kind == "tile":
+        return TileRef(ref)
+    if op.kind == "scalar":
+        return ScalarRef(g, ref)
+    if op.staged:
+        return RowRef(g, stage, g.rows)
+    return RowRef(g, ref.at[0], g.rows)
+
+
+def compiler_params():
+    """Mosaic's parameters: the groups of systems are independent ("parallel": a megacore
+    chip splits them between its TensorCores), the chunks are walked in order."""
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
+                                vmem_limit_bytes=VMEM_LIMIT)
+
+
+def interpret_params():
+    """TPU interpret mode's parameters for the tests: VMEM starts as NaNs, so that a value read
+    before it is written shows."""
+    return pltpu.InterpretParams(uninitialized_memory="nan")
+
+
+def call(kernel, g: Geometry, inputs, in_specs, out_shapes, out_specs, scratch, *, steps: int,
+         name: str, interpret=None):
+    """pallas_call over the grid (groups along P, groups along Q, `steps`)."""
+    G0, G1 = g.groups
+    return pl.pallas_call(
+        kernel,
+        out_shape=tuple(out_shapes),
+        grid=(G0, G1, steps),
+        in_specs=list(in_specs),
+        out_specs=tuple(out_specs),
+        scratch_shapes=list(scratch),
+        compiler_params=None if interpret else compiler_params(),
+        interpret=interpret if interpret else False,
+        name=name,
+    )(*inputs)
+
+
+def vmem_need(g: Geometry, operands, *, stages: int, scratch_rows: int, outputs) -> int:
+    """VMEM bytes of a kernel: two buffers of every block (`operands`: (Operand, itemsize)
+    pairs; `outputs`: itemsizes of "rows" outputs), `stages` float32 stages of a chunk and
+    scratches of `scratch_rows` row tiles in all."""
+    total = 0
+    for op, itemsize in operands:
+        if op.kind == "rows":
+            total += 2 * g.block_bytes(itemsize)
+        elif op.kind == "tile":
+            total += 2 * SUBLANES * LANES * 4
+        else:
+            total += 2 * SUBLANES * g.scalar_rows * 4  # SMEM, counted as VMEM-sized to be safe
+    total += sum(2 * g.block_bytes(itemsize) for itemsize in outputs)
+    total += stages * math.prod(stage_shape(g)) * 4
+    total += scratch_rows * g.row_tile_bytes()
+    return total
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this JAX has Pallas's Mosaic TPU backend."""
+    return pltpu is not None and hasattr(pltpu, "CompilerParams")
+
+
+def loop(count: int, body, carry, *, reverse: bool = False):
+    """fori_loop over rows 0..count-1 (`reverse`: count-1 down to 0) of a chunk, never
+    unrolled; `body(i, carry)`."""
+    if not reverse:
+        return lax.fori_loop(0, count, body, carry)
+    return lax.fori_loop(0, count, lambda k, c: body(count - 1 - k, c), carry)
+
+
+def over_rows(g: Geometry, j, fn) -> None:
+    """Run `fn(count)` for chunk j (traced) with its count of valid rows as a Python int: the
+    last chunk of ragged N gets a branch of its own, so that every row loop has static bounds."""
+    if g.chunks == 1:
+        fn(g.N)
+        return
+    last = g.N - (g.chunks - 1) * g.chunk
+    if last == g.chunk:
+        fn(g.chunk)
+        return
+
+    @pl.when(j < g.chunks - 1)
+    def _():
+        fn(g.chunk)
+
+    @pl.when(j == g.chunks - 1)
+    def _():
+        fn(last)
