@@ -35,6 +35,14 @@ Half-precision operands are converted to float32 in VMEM (staged like a transpos
 operands): a packed bf16 row cannot be loaded at a dynamic row. Float64 and complex dtypes are
 not taken (`_core/backend.py` says why and runs XLA's loop instead).
 
+HBM layouts: XLA stores an array on a TPU in the dimension order that pads its tiles least
+(its default layout: f32[4096, 1000] lies as 1000 rows of 4096 values, `{0,1:T(8,128)}`),
+while a Mosaic kernel takes its operands row-major. `in_physical_order` therefore transposes the
+operands into the order their default layout stores them in before the (P, N, Q) view is taken:
+a bitcast for arrays in that layout (a jit's arguments and results), where a row-major kernel
+would make XLA copy each operand through a transpose. Such batch-first systems are then read
+by "lanes", with no transpose at all.
+
 Ragged sizes: blocks at the edges of P, Q and N overhang the arrays; their rows and systems
 outside the arrays hold whatever VMEM held, are computed like any other lane (no lane reads
 another's) and never written back (Pallas clips the copies), and the loops run over the
@@ -48,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 import jax.numpy as jnp
 from jax import lax
@@ -419,6 +428,41 @@ def vmem_need(g: Geometry, operands, *, stages: int, scratch_rows: int, outputs)
     total += stages * math.prod(stage_shape(g)) * 4
     total += scratch_rows * g.row_tile_bytes()
     return total
+
+
+def default_minor_to_major(shape, dtype) -> tuple[int, ...] | None:
+    """The minor-to-major order of the default layout of a `dtype` array of `shape` on the
+    device being lowered for (`_core/sharding.py`, `lowering_device`); None where that is no
+    TPU or does not say."""
+    from .._core import sharding as _sharding
+
+    device = _sharding.lowering_device()
+    if device is None or getattr(device, "platform", None) != "tpu":
+        return None
+    try:
+        layout = device.client.get_default_layout(jnp.dtype(dtype), tuple(shape), device)
+    except Exception:  # noqa: BLE001 - a client without default layouts: keep the order
+        return None
+    found = re.match(r"\{([\d,]*)", str(layout))
+    return tuple(int(d) for d in found[1].split(",") if d) if found else None
+
+
+def in_physical_order(operands, axis: int, dtype):
+    """`operands` (one rank, broadcasting together) transposed into the order the default
+    layout of their broadcast shape stores its dimensions in, major to minor (module
+    docstring), the solve axis in that order, and the function that transposes a result back.
+    Where that order is the arrays' own (dimensions of size 1 aside) or unknown: the operands,
+    `axis` and the identity."""
+    shape = tuple(max(d) for d in zip(*(x.shape for x in operands), strict=True))
+    minor_to_major = default_minor_to_major(shape, dtype)
+    if minor_to_major is None or sorted(minor_to_major) != list(range(len(shape))):
+        return operands, axis, lambda x: x
+    order = tuple(reversed(minor_to_major))
+    if [d for d in order if shape[d] > 1] == sorted(d for d in order if shape[d] > 1):
+        return operands, axis, lambda x: x
+    inverse = tuple(order.index(d) for d in range(len(order)))
+    return ([jnp.transpose(x, order) for x in operands], order.index(axis),
+            lambda x: jnp.transpose(x, inverse))
 
 
 @functools.cache
