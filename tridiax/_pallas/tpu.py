@@ -170,10 +170,11 @@ def choose_layout(P: int, Q: int) -> str:
     return "sublanes"
 
 
-def geometry(P: int, N: int, Q: int, *, vmem_bytes, chunk: int = CHUNK) -> Geometry:
+def geometry(P: int, N: int, Q: int, *, vmem_bytes) -> Geometry | None:
     """The geometry of a call whose VMEM need is `vmem_bytes(geometry)`: the widest row tile
-    (most sublanes) that fits VMEM_BUDGET, long systems in chunks of `chunk` rows. None when no
-    row tile fits (systems too long for a kernel that keeps all their rows: the caller runs
+    (most sublanes) that fits VMEM_BUDGET, with chunks of CHUNK rows or, where those do not
+    fit, half as many (a grid step still walks a hundred rows and more). None when no row
+    tile fits (systems too long for a kernel that keeps all their rows: the caller runs
     XLA's loop)."""
     layout = choose_layout(P, Q)
     if layout == "lanes":
@@ -182,14 +183,14 @@ def geometry(P: int, N: int, Q: int, *, vmem_bytes, chunk: int = CHUNK) -> Geome
         s, w = min(SUBLANES, P), min(Q, LANES)
     else:
         s, w = min(SUBLANES, -(-P // LANES)), LANES
-    chunks = 1 if N <= chunk else -(-N // chunk)
-    while True:
-        g = Geometry(layout, P, N, Q, s, w, chunk, chunks)
-        if vmem_bytes(g) <= VMEM_BUDGET:
-            return g
-        if s == 1:
-            return None
+    while s >= 1:
+        for chunk in (CHUNK, CHUNK // 2):
+            chunks = 1 if N <= chunk else -(-N // chunk)
+            g = Geometry(layout, P, N, Q, s, w, chunk, chunks)
+            if vmem_bytes(g) <= VMEM_BUDGET:
+                return g
         s //= 2
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,22 +215,39 @@ def staged(g: Geometry, dtype) -> bool:
     return g.layout != "lanes" or jnp.dtype(dtype).itemsize < 4
 
 
-def prepare(g: Geometry, x, *, dtype=None):
-    """The array to pass for a (P|1, N|1, Q|1) operand, and its `Operand`. `dtype`: the dtype
-    a "tile" or "scalar" operand is passed in (float32)."""
-    p, n, q = x.shape
+def operand(g: Geometry, shape, dtype) -> Operand:
+    """How a (P|1, N|1, Q|1) operand of this shape and dtype reaches the kernel (module
+    docstring): broadcast along N, a tile; one band for every system, SMEM scalars; in
+    "lanes", a band constant along Q, SMEM scalars per p, and others rows read in place (a
+    band shared along P too); in the other layouts, rows staged (partial broadcasts
+    broadcast first)."""
+    p, n, q = shape
     if n == 1 and g.N > 1:
-        return tiles_of(g, x), Operand("tile")
+        return Operand("tile")
     if p == 1 and q == 1 and (g.P > 1 or g.Q > 1):
-        return x.reshape(1, n).astype(jnp.float32), Operand("scalar", p_full=False)
+        return Operand("scalar", p_full=False)
     if g.layout == "lanes" and q == 1 and g.Q > 1:
-        return x.reshape(p, n).astype(jnp.float32), Operand("scalar", p_full=p > 1)
+        return Operand("scalar", p_full=p > 1)
     if g.layout == "lanes":
-        return x, Operand("rows", staged=staged(g, x.dtype), p_full=p > 1)
+        return Operand("rows", staged=staged(g, dtype), p_full=p > 1)
+    return Operand("rows", staged=True)
+
+
+def prepare(g: Geometry, x):
+    """The array to pass for a (P|1, N|1, Q|1) operand, and its `Operand`: tiles and SMEM
+    scalars in float32, "transposed" rows as (P, N)."""
+    op = operand(g, x.shape, x.dtype)
+    p, n, q = x.shape
+    if op.kind == "tile":
+        return tiles_of(g, x), op
+    if op.kind == "scalar":
+        return x.reshape(p, n).astype(jnp.float32), op
+    if g.layout == "lanes":
+        return x, op
     x = jnp.broadcast_to(x, (g.P, n, g.Q))  # the partial broadcasts this layout does not read
     if g.layout == "transposed":
         x = x.reshape(g.P, n)
-    return x, Operand("rows", staged=True)
+    return x, op
 
 
 def tiles_of(g: Geometry, x):

@@ -96,7 +96,7 @@ def _plan(P, T, Q, operands, out_dtype, final_only):
     row tile always fits)."""
 
     def need(g):
-        ops = [_tpu.prepare(g, v)[1] for v in operands]
+        ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
         staged = sum(op.kind == "rows" and op.staged for op in ops)
         staged += not final_only and _tpu.staged(g, out_dtype)
         tiles = [(_tpu.Operand("tile"), 4)]  # h0

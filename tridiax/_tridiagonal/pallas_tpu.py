@@ -115,7 +115,7 @@ def _plan(P, N, Q, operands, out_dtype):
     """The geometry of a solve, and whether x is written straight into its block."""
 
     def need(g):
-        ops = [_tpu.prepare(g, v)[1] for v in operands]
+        ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
         staged = sum(op.kind == "rows" and op.staged for op in ops)
         return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands)],
                               stages=staged, scratch_rows=2 * g.total_rows + 3,
