@@ -89,7 +89,11 @@ def _solve(axis):
 ENTRY_POINTS = {
     # batch-first, stored row-major: transposed on chip by "transposed" row tiles
     "solve-batch-first-f32": (_solve(-1), [((4096, 1024), "float32")] * 4, 1, True),
-    # batch-first of ragged length, which the TPU stores column-major: read by lanes
+    # batch-first systems of 1000 rows, which the TPU stores column-major (1000 rows of 4096
+    # values pad least): read by lanes, with no transpose anywhere
+    "solve-batch-first-column-major-f32": (_solve(-1), [((4096, 1000), "float32")] * 4, 1, True),
+    # ragged batch-first systems stored row-major (bf16 tiles of 16 rows): transposed on chip,
+    # blocks overhanging both dimensions
     "solve-batch-first-ragged-bf16": (_solve(-1), [((1030, 999), "bfloat16")] * 4, 1, True),
     "solve-columns-f32": (_solve(0), [((1000, 4096), "float32")] * 4, 1, True),
     "solve-middle-axis-bf16": (_solve(1), [((8, 1000, 512), "bfloat16")] * 4, 1, True),
@@ -99,6 +103,8 @@ ENTRY_POINTS = {
     "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
     "recurrence-batch-first-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
                                     [((4096, 1024), "bfloat16")] * 2, 1, True),
+    "recurrence-batch-first-column-major-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
+                                                 [((4096, 1000), "bfloat16")] * 2, 1, True),
     "recurrence-decay-per-feature-f32": (lambda a, x: tridiax.linear_recurrence(a, x),
                                          [((4096,), "float32"), ((1000, 4096), "float32")], 1, True),
     "recurrence-final-state-f32": (lambda a, x: tridiax.linear_recurrence(a, x, final_only=True),
