@@ -9,22 +9,26 @@ arrays become row tiles is the *layout* (`Geometry.layout`):
 
 - "lanes" (Q >= 1024, or Q >= 128 with P < 8): a group is s*128 consecutive q of one p. The
   HBM block (1, rows, s*128) lies in VMEM as tiles of 8 rows x 128 q, so row i of the group is
-  one sublane of each of s tiles: one strided load (`lanes_row`), no data moved around.
-- "sublanes" (1 < Q < 1024 and P >= 8, or P * Q small): a group is s values of p times w = 128
-  q (w = Q when Q < 128). Each p of the block is staged into a 2D scratch (s * rows, w), where
-  row i of the s systems is every rows-th sublane: one strided load (`sublanes_row`).
-- "transposed" (Q == 1, batch-first systems, P >= 128): a group is s*128 consecutive p; the
-  (P, N) operand's block (s*128, rows) holds 128 rows per lane tile, so it is transposed on
-  chip, 128 x 128 at a time by the transpose unit, into a (rows, s*128) scratch read as in
-  "lanes". The transposes stay in VMEM: no HBM transpose, one read of each operand.
+  one sublane of each of s tiles: one strided load (`RowRef`), no data moved around.
+- "transposed" (Q == 1 and P >= 128: batch-first systems): a group is s*128 consecutive p; the
+  (P, N) operand's block (s*128, rows) holds its rows along lanes, so it is transposed on chip,
+  128 systems at a time by the transpose unit, into a (rows, s*128) stage read as in "lanes".
+  The transposes stay in VMEM: no HBM transpose, one read of each operand.
+- "sublanes" (every other (P, Q): Q < 1024 with P >= 8, or Q < 128): a group is s values of p
+  times w = 128 values of q (w = Q when Q < 128, the other lanes idle). Each p of the block is
+  staged into a 2D scratch (s * rows, w), where row i of the s systems is every rows-th sublane:
+  one strided load (`RowRef`).
 
 Rows are cut into chunks of `Geometry.chunk` rows, the last axis of the grid: a block holds one
 chunk of every operand, so VMEM holds the same few chunks whatever N is, and Pallas's
 pipeline fetches the next chunk while the sweep walks this one (two buffers per operand).
+A kernel plans its VMEM (`vmem_need`: buffers, stages, scratch) within VMEM_BUDGET, under the
+16 MiB of scoped VMEM it asks for, by narrowing the row tile (fewer sublanes) where it must
+(`geometry`).
 Groups are the first two axes of the grid ("parallel": TensorCores of a megacore chip share
 them); chunks are "arbitrary" (walked in order, the sweep's state carried in scratch).
 
-Operands arrive as (P|1, N|1, Q|1) (`launch` prepares each): full along N they are read by
+Operands arrive as (P|1, N|1, Q|1) (`prepare` readies each): full along N they are read by
 rows; broadcast along N (a per-system constant, an initial state) they become one tile per group
 (`tiles_of`, an XLA relayout of P*Q values, small next to the N-long operands); full along N
 and broadcast along P and Q (one matrix for every system) they are read as one scalar per row
@@ -48,7 +52,8 @@ outside the arrays hold whatever VMEM held, are computed like any other lane (no
 another's) and never written back (Pallas clips the copies), and the loops run over the
 chunk's valid rows only.
 
-`interpret`: a `pltpu.InterpretParams` runs the kernels on CPU with TPU semantics (tests).
+`interpret`: a `pltpu.InterpretParams` runs the kernels on CPU with TPU semantics, True in
+Pallas's HLO interpreter (tests).
 """
 
 from __future__ import annotations
@@ -459,7 +464,7 @@ def default_minor_to_major(shape, dtype) -> tuple[int, ...] | None:
         return None
     try:
         layout = device.client.get_default_layout(jnp.dtype(dtype), tuple(shape), device)
-    except Exception:  # noqa: BLE001 - a client without default layouts: keep the order
+    except Exception:  # a client without default layouts: keep the order
         return None
     found = re.match(r"\{([\d,]*)", str(layout))
     return tuple(int(d) for d in found[1].split(",") if d) if found else None
