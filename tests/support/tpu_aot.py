@@ -68,12 +68,14 @@ class Kernel:
 
 @dataclasses.dataclass(frozen=True)
 class CaseReport:
-    """What one function compiled to, or the error its compilation raised. `bytes_accessed`:
+    """What one function compiled to for a device of `device_kind` ("TPU v5 lite"), or the
+    error its compilation raised. `bytes_accessed`:
     XLA's cost analysis of the whole program (the sum of its per-operand and output counts);
     `whiles`: XLA while loops anywhere in it; `others`: opcodes of its other top-level
     instructions (fusions, copies; bitcasts and parameters left out)."""
 
     kernels: tuple[Kernel, ...]
+    device_kind: str
     whiles: int
     others: tuple[str, ...]
     bytes_accessed: float
@@ -145,8 +147,8 @@ def compile_reports(cases: Mapping[str, tuple[str, Sequence[Spec]]], *, topology
         if proc.returncode != 0 or not result_file.exists():
             raise RuntimeError(f"tpu_aot worker failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}")
         results = json.loads(result_file.read_text())
-    return {name: CaseReport(tuple(Kernel(**k) for k in r["kernels"]), r["whiles"], tuple(r["others"]),
-                             r["bytes_accessed"], r["compile_seconds"], r["error"])
+    return {name: CaseReport(tuple(Kernel(**k) for k in r["kernels"]), r["device_kind"], r["whiles"],
+                             tuple(r["others"]), r["bytes_accessed"], r["compile_seconds"], r["error"])
             for name, r in results.items()}
 
 
@@ -253,7 +255,8 @@ def _worker(request_file: str, result_file: str) -> None:
     jax.config.update("jax_enable_compilation_cache", False)
     request = json.loads(pathlib.Path(request_file).read_text())
     device = topologies.get_topology_desc(request["topology"], "tpu").devices[0]
-    results = {case["name"]: _compile_case(case, device) for case in request["cases"]}
+    results = {case["name"]: {**_compile_case(case, device), "device_kind": device.device_kind}
+               for case in request["cases"]}
     pathlib.Path(result_file).write_text(json.dumps(results))
 
 

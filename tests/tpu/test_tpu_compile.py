@@ -142,12 +142,15 @@ def _problems(name, report, *, program_bytes=True):
         problems.append(f"{name}: {len(report.kernels)} Mosaic kernels, expected {kernels}")
     if report.whiles:
         problems.append(f"{name}: {report.whiles} XLA while loops")
+    vmem = _tpu.vmem(report.device_kind)  # the chip's plan: a quarter of the limit left over
+    if vmem.limit == _tpu.VMEM_LIMIT and report.device_kind != "TPU v4":
+        problems.append(f"{name}: no VMEM plan for a {report.device_kind}")
     for k in report.kernels:
-        if not 0 < k.vmem_bytes <= min(k.vmem_limit_bytes, _tpu.VMEM_BUDGET):
-            problems.append(f"{name}: {k.name} uses {k.vmem_bytes} B of VMEM; budget "
-                            f"{_tpu.VMEM_BUDGET}, limit {k.vmem_limit_bytes}")
-        if k.vmem_limit_bytes != _tpu.VMEM_LIMIT:
-            problems.append(f"{name}: {k.name} runs under {k.vmem_limit_bytes} B of scoped VMEM")
+        if not 0 < k.vmem_bytes <= vmem.budget:
+            problems.append(f"{name}: {k.name} uses {k.vmem_bytes} B of VMEM, over its budget {vmem.budget}")
+        if k.vmem_limit_bytes != vmem.limit:
+            problems.append(f"{name}: {k.name} runs under {k.vmem_limit_bytes} B of scoped VMEM, "
+                            f"not {vmem.limit}")
     floor = _floor(name)
     if forward and program_bytes and report.bytes_accessed > FLOOR_FACTOR * floor:
         problems.append(f"{name}: {report.bytes_accessed:.4g} B accessed, floor {floor:.4g}")

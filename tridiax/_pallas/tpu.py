@@ -22,9 +22,11 @@ arrays become row tiles is the *layout* (`Geometry.layout`):
 Rows are cut into chunks of `Geometry.chunk` rows, the last axis of the grid: a block holds one
 chunk of every operand, so VMEM holds the same few chunks whatever N is, and Pallas's
 pipeline fetches the next chunk while the sweep walks this one (two buffers per operand).
-A kernel plans its VMEM (`vmem_need`: buffers, stages, scratch) within VMEM_BUDGET, under the
-16 MiB of scoped VMEM it asks for, by narrowing the row tile (fewer sublanes) where it must
-(`geometry`).
+A kernel plans its VMEM (`vmem_need`: buffers, stages, scratch) within a budget under the
+scoped VMEM it asks for (`vmem`: half a TensorCore's VMEM on the chip being compiled for, 64 MiB
+of v5e's and v6e's 128, 32 of v5p's and 7x's 64, 16 MiB where the chip is unknown), by
+narrowing the row tile (fewer sublanes) where it must (`geometry`). A row tile of 8 sublanes
+is the fast one: Mosaic shuffles narrower ones into place at every row.
 Groups are the first two axes of the grid ("parallel": TensorCores of a megacore chip share
 them); chunks are "arbitrary" (walked in order, the sweep's state carried in scratch).
 
@@ -77,12 +79,16 @@ LANES = 128
 # Rows per chunk of long systems: a multiple of 128, since an SMEM band's block (1, chunk) has
 # its rows on lanes, and a "transposed" block too.
 CHUNK = 256
-# Bytes of VMEM a kernel plans for (pipeline buffers and scratch): under the 16 MiB of scoped
-# VMEM that v4, v5e and v5p give a kernel by default, with room for Mosaic's own scratch.
+# Scoped VMEM a kernel asks for where the chip is unknown (the default of v4, v5e and v5p, and
+# all of v4's), and the bytes it plans for in it (pipeline buffers and scratch), a quarter left
+# to Mosaic's own scratch. On a known chip, half a TensorCore's VMEM, at most MAX_VMEM_LIMIT.
 VMEM_BUDGET = 12 << 20
-# Scoped VMEM the kernels ask for: the default of v4, v5e and v5p, stated so that the compiled
-# program says it (tests/tpu/test_tpu_compile.py checks the plan against it).
 VMEM_LIMIT = 16 << 20
+MAX_VMEM_LIMIT = 64 << 20
+# Chip versions (`pltpu.ChipVersion` values) of the device kinds JAX reports.
+_CHIPS = {"TPU v4": "v4", "TPU v4 lite": "v4i", "TPU v5 lite": "v5e", "TPU v5e": "v5e",
+          "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e",
+          "TPU7": "7", "TPU7x": "7x"}
 TAKES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -175,9 +181,34 @@ def choose_layout(P: int, Q: int) -> str:
     return "sublanes"
 
 
-def geometry(P: int, N: int, Q: int, *, vmem_bytes) -> Geometry | None:
+@dataclasses.dataclass(frozen=True)
+class Vmem:
+    """Scoped VMEM a kernel asks for (`limit`) and the bytes it plans for in it (`budget`)."""
+
+    budget: int
+    limit: int
+
+
+def vmem(device_kind: str | None = None) -> Vmem:
+    """The VMEM plan for a TPU of `device_kind` (None: the device being lowered for; the
+    defaults, VMEM_BUDGET of VMEM_LIMIT, where that is no TPU JAX knows)."""
+    if device_kind is None:
+        from .._core import sharding as _sharding
+
+        device = _sharding.lowering_device()
+        if device is not None and getattr(device, "platform", None) == "tpu":
+            device_kind = getattr(device, "device_kind", None)
+    try:
+        info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion(_CHIPS[device_kind]), 1)
+    except (KeyError, ValueError, AttributeError):
+        return Vmem(VMEM_BUDGET, VMEM_LIMIT)
+    limit = max(VMEM_LIMIT, min(info.vmem_capacity_bytes // 2, MAX_VMEM_LIMIT))
+    return Vmem(VMEM_BUDGET * limit // VMEM_LIMIT, limit)
+
+
+def geometry(P: int, N: int, Q: int, *, vmem_bytes, budget: int | None = None) -> Geometry | None:
     """The geometry of a call whose VMEM need is `vmem_bytes(geometry)`: the widest row tile
-    (most sublanes) that fits VMEM_BUDGET, with chunks of CHUNK rows or, where those do not
+    (most sublanes) that fits `budget` (VMEM_BUDGET), with chunks of CHUNK rows or, where those do not
     fit, half as many (a grid step still walks a hundred rows and more). None when no row
     tile fits (systems too long for a kernel that keeps all their rows: the caller runs
     XLA's loop)."""
@@ -192,7 +223,7 @@ def geometry(P: int, N: int, Q: int, *, vmem_bytes) -> Geometry | None:
         for chunk in (CHUNK, CHUNK // 2):
             chunks = 1 if N <= chunk else -(-N // chunk)
             g = Geometry(layout, P, N, Q, s, w, chunk, chunks)
-            if vmem_bytes(g) <= VMEM_BUDGET:
+            if vmem_bytes(g) <= (VMEM_BUDGET if budget is None else budget):
                 return g
         s //= 2
     return None
@@ -405,11 +436,12 @@ def reader(g: Geometry, op: Operand, ref, stage):
     return RowRef(g, ref.at[0], g.rows)
 
 
-def compiler_params():
+def compiler_params(vmem_limit: int):
     """Mosaic's parameters: the groups of systems are independent ("parallel": a megacore
-    chip splits them between its TensorCores), the chunks are walked in order."""
+    chip splits them between its TensorCores), the chunks are walked in order, and the scoped
+    VMEM the kernel asks for."""
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
-                                vmem_limit_bytes=VMEM_LIMIT)
+                                vmem_limit_bytes=vmem_limit)
 
 
 def interpret_params():
@@ -419,7 +451,7 @@ def interpret_params():
 
 
 def call(kernel, g: Geometry, inputs, in_specs, out_shapes, out_specs, scratch, *, steps: int,
-         name: str, interpret=None):
+         name: str, vmem_limit: int = VMEM_LIMIT, interpret=None):
     """pallas_call over the grid (groups along P, groups along Q, `steps`)."""
     G0, G1 = g.groups
     return pl.pallas_call(
@@ -429,7 +461,7 @@ def call(kernel, g: Geometry, inputs, in_specs, out_shapes, out_specs, scratch, 
         in_specs=list(in_specs),
         out_specs=tuple(out_specs),
         scratch_shapes=list(scratch),
-        compiler_params=None if interpret else compiler_params(),
+        compiler_params=None if interpret else compiler_params(vmem_limit),
         interpret=interpret if interpret else False,
         name=name,
     )(*inputs)

@@ -91,7 +91,7 @@ def _kernel(a_ref, x_ref, h0_ref, h_ref, *scratch, g, ops, reverse, shifted, act
             h_ref[...] = state[...]
 
 
-def _plan(P, T, Q, operands, out_dtype, final_only):
+def _plan(P, T, Q, operands, out_dtype, final_only, budget=None):
     """The geometry of a recurrence (its VMEM need: no scratch but the state, so the widest
     row tile always fits)."""
 
@@ -104,7 +104,7 @@ def _plan(P, T, Q, operands, out_dtype, final_only):
                               stages=staged, scratch_rows=2,
                               outputs=[] if final_only else [out_dtype.itemsize])
 
-    return _tpu.geometry(P, T, Q, vmem_bytes=need)
+    return _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)
 
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
@@ -114,7 +114,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU."""
     P, T, Q = broadcast_shape(a, x, h0)
     out_dtype = jnp.dtype(out_dtype)
-    g = _plan(P, T, Q, (a, x), out_dtype, final_only)
+    budget = _tpu.vmem()
+    g = _plan(P, T, Q, (a, x), out_dtype, final_only, budget.budget)
     prepared = [_tpu.prepare(g, v) for v in (a, x)]
     ops = [op for _, op in prepared]
     staged_out = not final_only and _tpu.staged(g, out_dtype)
@@ -142,7 +143,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
                                act=ACTIVATIONS[activation] or (lambda v: v),
                                final_only=final_only, staged_out=staged_out)
     (h,) = _tpu.call(kernel, g, inputs, in_specs, [out_shape], [out_spec], scratch,
-                     steps=g.chunks, name="tridiax_recurrence_tpu", interpret=interpret)
+                     steps=g.chunks, name="tridiax_recurrence_tpu", vmem_limit=budget.limit,
+                     interpret=interpret)
     if final_only:
         return _tpu.from_tiles(g, h).astype(out_dtype)
     return h.reshape(P, T, Q)

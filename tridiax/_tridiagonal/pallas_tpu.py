@@ -19,9 +19,9 @@ two values, rounded the same way. Row 0 ignores l[0] (u[N-1] is never read): the
 anything, inf and NaN too.
 
 The scratch holds 2 * N row tiles, so the row tile narrows (fewer sublanes) as N grows
-(`_tpu.geometry`; float32: 8 sublanes up to about 760 rows, 4 up to 2300, 2 up to 5300, then
-one); systems too long for the narrowest (over about 11500 rows in the 12 MiB budget) run
-XLA's loop.
+(`_tpu.geometry`; float32 in v5e's and v6e's 48 MiB budget: 8 sublanes up to about 5400 rows,
+then 4, 2 and 1, up to about 48000 rows; in the 12 MiB a chip not known gets, 8 sublanes up
+to about 760 rows, 1 up to 11500); longer systems run XLA's loop.
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, cs_ref, ys_ref, carry_ref, *stage
             _tpu.stage_out(g, ys, x_ref)
 
 
-def _plan(P, N, Q, operands, out_dtype):
-    """The geometry of a solve, and whether x is written straight into its block."""
+def _plan(P, N, Q, operands, out_dtype, budget=None):
+    """The geometry of a solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`)."""
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
@@ -123,13 +123,14 @@ def _plan(P, N, Q, operands, out_dtype):
                               stages=staged, scratch_rows=2 * g.total_rows + 3,
                               outputs=[jnp.dtype(out_dtype).itemsize])
 
-    return _tpu.geometry(P, N, Q, vmem_bytes=need)
+    return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
 
-def fits(P: int, N: int, Q: int, dtype) -> bool:
-    """Whether a solve of (P, N, Q) systems fits the kernel's VMEM (all its operands full)."""
+def fits(P: int, N: int, Q: int, dtype, budget=None) -> bool:
+    """Whether a solve of (P, N, Q) systems fits `budget` bytes of VMEM (all its operands
+    full; None: `_tpu.VMEM_BUDGET`)."""
     operands = [jax.ShapeDtypeStruct((P, N, Q), dtype)] * 4
-    return _plan(P, N, Q, operands, dtype) is not None
+    return _plan(P, N, Q, operands, dtype, budget) is not None
 
 
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret=None):
@@ -139,7 +140,8 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret=None):
     (`fits`) are solved by XLA's loop."""
     P, N, Q = broadcast_shape(l, d, u, b)
     out_dtype = jnp.dtype(out_dtype)
-    g = _plan(P, N, Q, (l, d, u, b), out_dtype)
+    budget = _tpu.vmem()
+    g = _plan(P, N, Q, (l, d, u, b), out_dtype, budget.budget)
     if g is None:
         from . import xla as _xla
 
@@ -167,5 +169,5 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret=None):
                                direct_out=direct_out)
     (x,) = _tpu.call(kernel, g, inputs, in_specs, [jax.ShapeDtypeStruct(shape, out_dtype)],
                      [out_spec], scratch, steps=2 * g.chunks, name="tridiax_thomas_tpu",
-                     interpret=interpret)
+                     vmem_limit=budget.limit, interpret=interpret)
     return x.reshape(P, N, Q)
