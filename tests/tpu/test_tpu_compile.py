@@ -98,6 +98,8 @@ ENTRY_POINTS = {
     "solve-columns-f32": (_solve(0), [((1000, 4096), "float32")] * 4, 1, True),
     "solve-middle-axis-bf16": (_solve(1), [((8, 1000, 512), "bfloat16")] * 4, 1, True),
     "solve-one-matrix-f32": (_solve(0), [((1000, 1), "float32")] * 3 + [((1000, 4096), "float32")], 1, True),
+    # long systems: row tiles of fewer sublanes keep their eliminated rows in VMEM
+    "solve-long-f32": (_solve(0), [((20000, 1024), "float32")] * 4, 1, True),
     "grad-solve-f32": (_grad(_solve(-1), (0, 1, 2, 3)), [((4096, 1024), "float32")] * 4, 2, False),
     "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, False),
     "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
