@@ -12,10 +12,18 @@
 |                    | (every kind and recurrence, real 16/32-bit)          | when asked for: not yet     |
 |                    |                                                      | measured against Triton     |
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
+| "pallas_tpu"       | Pallas Mosaic TPU kernels `<family>/pallas_tpu.py`   | TPUs; float32, bfloat16 and |
+|                    | (plain solves, recurrences: identity, relu, tanh);   | float16 (computed in        |
+|                    | other kinds, banded and block solves run XLA's loops | float32)                    |
+| "pallas_tpu_       | the Pallas TPU kernels, interpreted (tests)          | anywhere, when asked for    |
+|  interpret"        |                                                      |                             |
 
 The Mosaic GPU kernels are tested on CPU by calling them in JAX's Mosaic GPU interpreter
 (`_pallas/mosaic_gpu.py`, `interpret=`); that interpreter's callbacks cannot run inside a
-primitive's lowering, so it is not a backend of the public functions.
+primitive's lowering, so it is not a backend of the public functions. The Pallas TPU kernels are
+tested on CPU in TPU interpret mode (called directly) and through the public functions as
+"pallas_tpu_interpret" (Pallas's HLO interpreter, which a lowering can hold), and compiled for
+TPUs without one (tests/tpu/).
 
 Each platform tries its backends in order (`PREFERENCE`) and takes the first that can run
 the call (`unavailable` says why one cannot: the dtype, the activation, this JAX, the build),
@@ -38,7 +46,8 @@ import numpy as np
 from . import jax_private as _jax_private
 from . import planner as _planner
 
-BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret", "mosaic_gpu")
+BACKENDS: tuple[str, ...] = ("native", "xla", "pallas_triton", "pallas_interpret", "mosaic_gpu",
+                             "pallas_tpu", "pallas_tpu_interpret")
 
 # Backends each platform tries, best first; "xla" runs everything, everywhere. "mosaic_gpu"
 # joins the CUDA list once a GPU has measured it at least as fast as Triton (run
@@ -47,6 +56,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "cpu": ("native", "xla"),
     "cuda": ("pallas_triton", "xla"),
     "rocm": ("pallas_triton", "xla"),
+    "tpu": ("pallas_tpu", "xla"),
 }
 GPU_PLATFORMS = ("cuda", "rocm")
 
@@ -82,6 +92,8 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
                     f"{activation!r}")
         if not _native_build.available():
             return "the native CPU kernel is unavailable (python -m tridiax --info says why)"
+    if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+        return _tpu_unavailable(backend, dtype, platform=platform, op=op, activation=activation)
     if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
             and activation is not None):
         # Complex values are split into real and imaginary parts inside the kernels
@@ -104,6 +116,22 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
             return f"jax {jax.__version__} has no Pallas Mosaic GPU backend (or absl-py is missing)"
         if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize > 4:
             return f"Mosaic GPU has no {jnp.dtype(dtype)}"
+    return None
+
+
+def _tpu_unavailable(backend: str, dtype, *, platform, op, activation) -> str | None:
+    """Why the Pallas TPU kernels cannot run this call (`unavailable`)."""
+    from .._pallas import tpu as _tpu
+    from .._recurrence import pallas_tpu as _tpu_recurrence
+
+    if backend == "pallas_tpu" and platform not in (None, "tpu"):
+        return "the Pallas TPU kernels run on TPUs"
+    if not _tpu.available():
+        return f"jax {jax.__version__} has no Pallas Mosaic TPU backend"
+    if (reason := _tpu.unavailable_dtype(dtype)) is not None:
+        return reason
+    if op == "recurrence" and not _tpu_recurrence.supports(activation):
+        return f"the Pallas TPU recurrence runs identity, relu and tanh, not {activation!r}"
     return None
 
 
@@ -279,6 +307,8 @@ def kernels(backend: str) -> Kernels:
                         _ignoring_tiling(_mosaic_gpu.recurrence_pnq),
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
+    if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+        return _tpu_kernels(backend, composed, _xla_thomas, _xla_banded, _xla_block)
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -296,3 +326,30 @@ def kernels(backend: str) -> Kernels:
                     functools.partial(_pallas_banded.solve_pnq, **options),
                     functools.partial(_pallas_block.solve_pnq, **options),
                     stack=backend != "pallas_triton")
+
+
+def _tpu_kernels(backend: str, composed, xla_thomas, xla_banded, xla_block) -> Kernels:
+    """The Pallas TPU kernels: plain solves (transposed too) and recurrences; every other kind,
+    the factorization, banded and block solves run XLA's loops (no TPU kernel yet)."""
+    from .._recurrence import pallas_tpu as _tpu_recurrence
+    from .._tridiagonal import pallas_tpu as _tpu_thomas
+
+    # TPU interpret mode (`pltpu.InterpretParams`) runs through ordered callbacks, which a
+    # primitive's lowering cannot hold: the backend runs Pallas's HLO interpreter instead, and
+    # tests/tpu/ runs the kernels in TPU interpret mode directly.
+    interpret = True if backend == "pallas_tpu_interpret" else None
+
+    def solve(l, d, u, b, *, transposed, out_dtype, kind="thomas", tiling=None):
+        del tiling
+        if kind != "thomas":
+            return xla_thomas.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
+                                        kind=kind)
+        return _tpu_thomas.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
+                                     interpret=interpret)
+
+    def recurrence(a, x, h0, *, tiling=None, **kwargs):
+        del tiling
+        return _tpu_recurrence.recurrence_pnq(a, x, h0, interpret=interpret, **kwargs)
+
+    return composed(solve, recurrence, _ignoring_tiling(xla_thomas.factor_pnq),
+                    xla_banded.solve_pnq, xla_block.solve_pnq)

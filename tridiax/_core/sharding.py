@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from . import jax_private as _jax_private
 
 _PARTITION = contextvars.ContextVar("tridiax_partition", default=False)
+_DEVICE = contextvars.ContextVar("tridiax_lowering_device", default=None)
 
 
 def partitioning() -> bool:
@@ -41,6 +42,13 @@ def partitioning() -> bool:
     several devices (then `partitioned` wraps the kernel; an op that needs its neighbours along
     the axis is better left to XLA's partitioner)."""
     return _PARTITION.get()
+
+
+def lowering_device():
+    """The first device of the program a `register_lowering` lowering runs for (None where
+    JAX lowers without its device assignment): the TPU kernels ask it for the arrays' default
+    layouts (`_pallas/tpu.py`, `physical_order`)."""
+    return _DEVICE.get()
 
 
 def register_lowering(primitive, fn: Callable, platform: str, *,
@@ -59,12 +67,13 @@ def register_lowering(primitive, fn: Callable, platform: str, *,
 
     def rule(ctx, *args, **params):
         context = ctx.module_context.axis_context
+        devices = getattr(context, "device_assignment", None)
         if hasattr(context, "device_assignment"):  # jit's ShardingContext
-            devices = context.device_assignment
             partition = devices is not None and len(devices) > 1
         else:  # inside shard_map: custom_partitioning lowers to the per-shard function itself
             partition = True
         token = _PARTITION.set(partition)
+        device_token = _DEVICE.set(devices[0] if devices else None)
         try:
             # A Pallas Triton kernel inside warns of the backend's deprecation (jax >= 0.11):
             # tridiax chooses the backend and falls back once it is gone, so users see nothing.
@@ -72,6 +81,7 @@ def register_lowering(primitive, fn: Callable, platform: str, *,
                 return lowered(ctx, *args, **params)
         finally:
             _PARTITION.reset(token)
+            _DEVICE.reset(device_token)
 
     mlir.register_lowering(primitive, rule, platform=platform)
 

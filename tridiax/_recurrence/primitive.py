@@ -81,6 +81,15 @@ def _lowering(platform: str):
 
         def local_recurrence(a, x, h0, *states, shifted=False, final_only):
             """The sequences one device holds (all of them when unsharded)."""
+            operands, along, back = (a, x, h0, *states), axis, lambda h: h
+            if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+                from .._pallas import tpu as _tpu  # the operands as TPU memory holds them
+
+                operands, along, back = _tpu.in_physical_order(operands, axis, x.dtype)
+            return back(run_along(along, *operands, shifted=shifted, final_only=final_only))
+
+        def run_along(axis, a, x, h0, *states, shifted, final_only):
+            """`local_recurrence` of sequences along `axis`."""
             shape = _layout.broadcast_shape(a, x, h0, *states)
             state = _out_shape(shape, axis, True)
             a, x, *states = (_layout.to_pnq(v, axis, shape) for v in (a, x, *states))

@@ -242,8 +242,8 @@ class TDMA(eqx.Module):
     **Fields** (static, so a TDMA is a leafless pytree):
 
     - `backend`: None for the platform's default, or one of "native" (C++ on CPU), "xla",
-      "pallas_triton" (GPU), "mosaic_gpu" (Hopper GPUs, opt-in), "pallas_interpret" (tests);
-      see `tridiax._core.backend`.
+      "pallas_triton" (GPU), "mosaic_gpu" (Hopper GPUs, opt-in), "pallas_tpu" (TPU),
+      "pallas_interpret" and "pallas_tpu_interpret" (tests); see `tridiax._core.backend`.
     - `block`: None, or the (bp, bq) tile of systems one Pallas program solves (powers of
       two; bp along the batch axes before `axis`, bq along those after it). Other backends
       choose their own tiling.

@@ -47,6 +47,8 @@ from .._long_systems import partition_method as _partition_method
 from . import cusparse as _cusparse
 from . import periodic as _periodic
 
+_TPU_BACKENDS = ("pallas_tpu", "pallas_tpu_interpret")
+
 
 def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block, chunk):
     del transposed, backend, kind, block, chunk
@@ -68,8 +70,14 @@ def _lowering(platform: str):
             return _planner.solve_plan(backend, platform, P, N, Q, dtype, kind=kind,
                                        chunk=override, block=block)
 
-        def local_solve(*operands, axis, kind, transposed=False):
+        def local_solve(*operands, axis, kind, transposed=False, ordered=False):
             """The systems one device holds (all of them when unsharded)."""
+            if backend in _TPU_BACKENDS and kind == "thomas" and not ordered:
+                from .._pallas import tpu as _tpu  # the operands as TPU memory holds them
+
+                moved, moved_axis, back = _tpu.in_physical_order(operands, axis, dtype)
+                return back(local_solve(*moved, axis=moved_axis, kind=kind,
+                                        transposed=transposed, ordered=True))
             if kind == "periodic_pivoted":  # Sherman-Morrison around the pivoted kernel
                 pivoted = functools.partial(local_solve, kind="pivoted")
                 return _periodic.solve_pivoted(*operands, axis=axis, transposed=transposed,

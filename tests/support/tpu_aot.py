@@ -1,0 +1,267 @@
+"""Compile JAX functions for a TPU without one, and report each Pallas Mosaic TPU kernel.
+
+libtpu describes TPU slices it is not running on (`jax.experimental.topologies`), and XLA
+compiles for them: the real Mosaic TPU compiler lowers every Pallas kernel and rejects what the
+chip cannot do. For each compiled function this module reports its Mosaic kernels (the
+`tpu_custom_call` instructions: their scoped VMEM, as the compiler allotted it, and the limit
+they ran under), the XLA `while` loops left in the program, its other top-level instructions,
+and the bytes XLA's cost analysis counts it moving through HBM:
+
+    from tpu_aot import compile_report
+    case = compile_report("tridiax:lambda *a: solve_tridiagonal(*a, axis=0)",
+                          *[((1000, 4096), "float32")] * 4, topology="v5e:2x2")
+    print(case.kernels, case.bytes_accessed)
+
+libtpu (about 700 MB installed) lives in a directory of its own, `SITE`, filled by
+`python tests/support/tpu_aot.py --install` at the version jax's `tpu` extra pins: installed
+beside jax, it would make every `import jax` look for TPUs. The compilation runs in a
+subprocess (this file run as a script) whose path puts SITE first, with JAX_PLATFORMS=cpu (the
+TPU plugin then only describes topologies). One subprocess compiles a whole batch
+(`compile_reports`): a few seconds to start, then about a second per function.
+
+A function is named by a string "module:expression", the expression evaluated in the module's
+namespace in the subprocess (the repository root and the test folders are on its path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+
+HERE = pathlib.Path(__file__).resolve().parent
+TOPOLOGIES = ("v4:2x2x1", "v5e:2x2", "v5p:2x2x1", "v6e:2x2", "tpu7x:2x2x1")
+TPU_CALL = "tpu_custom_call"
+
+
+def _jax_version() -> str:
+    return importlib.metadata.version("jax")
+
+
+SITE = pathlib.Path(os.environ.get("TPU_AOT_SITE", pathlib.Path.home() / ".cache" / "tridiax-tpu-aot"
+                                   / f"jax-{_jax_version()}"))
+
+Spec = tuple[Sequence[int], str]  # (shape, dtype name) of one argument
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One Mosaic TPU kernel of a compiled program: `vmem_bytes` of scoped VMEM the compiler
+    gave it, under `vmem_limit_bytes`; the bytes of its operands and results in HBM (as
+    laid out, tiles padded)."""
+
+    name: str
+    vmem_bytes: int
+    vmem_limit_bytes: int
+    operand_bytes: int
+    result_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseReport:
+    """What one function compiled to for a device of `device_kind` ("TPU v5 lite"), or the
+    error its compilation raised. `bytes_accessed`:
+    XLA's cost analysis of the whole program (the sum of its per-operand and output counts);
+    `whiles`: XLA while loops anywhere in it; `others`: opcodes of its other top-level
+    instructions (fusions, copies; bitcasts and parameters left out)."""
+
+    kernels: tuple[Kernel, ...]
+    device_kind: str
+    whiles: int
+    others: tuple[str, ...]
+    bytes_accessed: float
+    compile_seconds: float
+    error: str | None = None
+
+
+def requirement() -> str:
+    """The libtpu requirement of jax's `tpu` extra ("libtpu==0.0.42.*" for jax 0.10.2)."""
+    for line in importlib.metadata.requires("jax") or ():
+        spec, _, marker = line.partition(";")
+        if spec.strip().startswith("libtpu") and "tpu" in marker:
+            return spec.strip().replace(" ", "")
+    raise RuntimeError(f"jax {_jax_version()} names no libtpu in its tpu extra")
+
+
+def _installed_libtpu() -> str | None:
+    for dist in importlib.metadata.distributions(path=[str(SITE)]):
+        if dist.metadata["Name"].lower() == "libtpu":
+            return dist.version
+    return None
+
+
+def install() -> None:
+    """Install jax's libtpu into SITE (a 213 MB download unless pip has it cached)."""
+    if unavailable_reason() is not None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
+                        "--target", str(SITE), requirement()], check=True)
+
+
+def unavailable_reason() -> str | None:
+    """Why deviceless TPU compilation cannot run here (for pytest.skip), or None if it can."""
+    wanted = requirement()
+    found = _installed_libtpu()
+    version = wanted.split("==", 1)[1]
+    pattern = re.escape(version).replace(r"\*", ".*")
+    if found is None or not re.fullmatch(pattern, found):
+        return f"{wanted} is not in {SITE}: run `python tests/support/tpu_aot.py --install`"
+    return None
+
+
+def compile_report(fn: str, *specs: Spec, topology: str = "v5e:2x2", x64: bool = False) -> CaseReport:
+    """One function compiled for `topology`; RuntimeError if it does not compile."""
+    case = compile_reports({"case": (fn, specs)}, topology=topology, x64=x64)["case"]
+    if case.error:
+        raise RuntimeError(case.error)
+    return case
+
+
+def compile_reports(cases: Mapping[str, tuple[str, Sequence[Spec]]], *, topology: str = "v5e:2x2",
+                    x64: bool = False, timeout: float = 600) -> dict[str, CaseReport]:
+    """Compile each case {name: (fn, specs)} for one device of `topology` (a name of
+    TOPOLOGIES) in one subprocess. A case that fails to compile gets its error in
+    `CaseReport.error`; a subprocess that fails as a whole raises RuntimeError."""
+    if reason := unavailable_reason():
+        raise RuntimeError(reason)
+    request = {"topology": topology,
+               "cases": [{"name": name, "fn": fn, "specs": [[list(s), str(d)] for s, d in specs]}
+                         for name, (fn, specs) in cases.items()]}
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64=str(int(x64)),
+               TPU_WORKER_HOSTNAMES="localhost", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")  # quiets libtpu's start-up probing
+    with tempfile.TemporaryDirectory(prefix="tpu_aot_") as tmp:
+        request_file, result_file = pathlib.Path(tmp, "request.json"), pathlib.Path(tmp, "result.json")
+        request_file.write_text(json.dumps(request))
+        proc = subprocess.run([sys.executable, __file__, str(request_file), str(result_file)],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not result_file.exists():
+            raise RuntimeError(f"tpu_aot worker failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}")
+        results = json.loads(result_file.read_text())
+    return {name: CaseReport(tuple(Kernel(**k) for k in r["kernels"]), r["device_kind"], r["whiles"],
+                             tuple(r["others"]), r["bytes_accessed"], r["compile_seconds"], r["error"])
+            for name, r in results.items()}
+
+
+# --- reading the compiled program -------------------------------------------------------------
+
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+             "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+# An array shape with its TPU layout: f32[4,1000,2048]{2,1,0:T(8,128)}
+_SHAPE = re.compile(r"\b(?P<type>[a-z]+\d*)\[(?P<dims>[\d,]*)\](?:\{(?P<layout>[^}]*)\})?")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<shape>.*?) (?P<opcode>[\w\-]+)\("
+                          r"(?P<operands>[^)]*)\)(?P<rest>.*)$")
+_USED_VMEM = re.compile(r'"used_scoped_memory_configs":\[\{"memory_space":"1","offset":"0","size":"(\d+)"')
+_VMEM_LIMIT = re.compile(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"0","size":"(\d+)"')
+
+
+def padded_bytes(shape: str) -> int:
+    """HBM bytes of an HLO shape with its TPU layout: every tiled dimension padded to its tile
+    (the last two dimensions of an (8, 128) tile, say); a tuple's arrays summed."""
+    total = 0
+    for m in _SHAPE.finditer(shape):
+        dims = [int(d) for d in filter(None, m["dims"].split(","))]
+        layout = m["layout"] or ""
+        order, _, tiling = layout.partition(":")
+        minor_to_major = [int(d) for d in filter(None, order.split(","))] or list(range(len(dims)))[::-1]
+        tile = re.search(r"T\(([\d,]+)\)", tiling)
+        padded = list(dims)
+        if tile and dims:
+            sizes = [int(t) for t in tile[1].split(",")]
+            for t, axis in zip(reversed(sizes), minor_to_major):
+                padded[axis] = -(-padded[axis] // t) * t
+        count = 1
+        for d in padded:
+            count *= d
+        total += count * _ITEMSIZE.get(m["type"], 0)
+    return total
+
+
+def read_program(hlo: str) -> dict:
+    """The kernels, while loops and other top-level instructions of a compiled module's text."""
+    entry = hlo[hlo.index("\nENTRY "):] if "\nENTRY " in hlo else hlo
+    shapes = {m["name"]: m["shape"] for line in hlo.splitlines() if (m := _INSTRUCTION.match(line))}
+    kernels, others = [], []
+    for line in entry.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m is None or m["opcode"] in ("parameter", "bitcast", "tuple", "get-tuple-element", "constant"):
+            continue
+        if m["opcode"] == "custom-call" and f'custom_call_target="{TPU_CALL}"' in line:
+            used, limit = _USED_VMEM.search(line), _VMEM_LIMIT.search(line)
+            operands = re.findall(r"%([\w.\-]+)", m["operands"])
+            kernels.append({"name": m["name"], "vmem_bytes": int(used[1]) if used else 0,
+                            "vmem_limit_bytes": int(limit[1]) if limit else 0,
+                            "operand_bytes": sum(padded_bytes(shapes.get(o, "")) for o in operands),
+                            "result_bytes": padded_bytes(m["shape"])})
+        else:
+            others.append(m["opcode"])
+    # Kernels inside loops and other computations count too (the XLA loops' bodies).
+    nested = hlo.count(f'custom_call_target="{TPU_CALL}"') - len(kernels)
+    for _ in range(nested):
+        kernels.append({"name": "nested", "vmem_bytes": 0, "vmem_limit_bytes": 0,
+                        "operand_bytes": 0, "result_bytes": 0})
+    return {"kernels": kernels, "whiles": len(re.findall(r"\bwhile\(", hlo)), "others": others}
+
+
+def bytes_accessed(cost: dict) -> float:
+    """HBM bytes of a compiled program by XLA's cost analysis: its per-operand counts and its
+    output count (a program of one custom call has no total)."""
+    return float(sum(v for k, v in cost.items() if re.fullmatch(r"bytes accessed(\d+|out)\{\}", k)))
+
+
+# --- the subprocess -------------------------------------------------------------------------
+
+def _resolve(reference: str):
+    module, _, expression = reference.partition(":")
+    return eval(expression, vars(importlib.import_module(module)))
+
+
+def _compile_case(case: dict, device) -> dict:
+    import jax
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    start = time.perf_counter()
+    try:
+        specs = [jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding) for shape, dtype in case["specs"]]
+        compiled = jax.jit(_resolve(case["fn"])).lower(*specs).compile()
+    except Exception:
+        import traceback
+
+        return {"kernels": [], "whiles": 0, "others": [], "bytes_accessed": 0.0,
+                "compile_seconds": time.perf_counter() - start, "error": traceback.format_exc()[-6000:]}
+    seconds = time.perf_counter() - start
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {**read_program(compiled.as_text()), "bytes_accessed": bytes_accessed(cost or {}),
+            "compile_seconds": seconds, "error": None}
+
+
+def _worker(request_file: str, result_file: str) -> None:
+    """Compile the cases of `request_file` (JSON) for its topology; write their reports."""
+    sys.path.insert(0, os.environ.get("TPU_AOT_ROOT", str(HERE.parents[1])))
+    sys.path[1:1] = sorted(str(d) for d in HERE.parent.iterdir() if d.is_dir())
+    import jax
+    from jax.experimental import topologies
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    request = json.loads(pathlib.Path(request_file).read_text())
+    device = topologies.get_topology_desc(request["topology"], "tpu").devices[0]
+    results = {case["name"]: {**_compile_case(case, device), "device_kind": device.device_kind}
+               for case in request["cases"]}
+    pathlib.Path(result_file).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--install"]:
+        install()
+    else:
+        _worker(*sys.argv[1:])

@@ -1,0 +1,175 @@
+"""The pallas_tpu backend: where it runs and why not, the public functions and their gradients
+through it on CPU ("pallas_tpu_interpret": the same kernels in Pallas's HLO interpreter), and
+how its grids move data (every input block read once, every output block written once)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import dense_solve
+
+from tridiax import verify
+from tridiax._core import backend as _backend
+from tridiax._pallas import tpu as _tpu
+from tridiax._recurrence import pallas_tpu as tpu_recurrence
+from tridiax._recurrence.api import recurrence
+from tridiax._tridiagonal import pallas_tpu as tpu_thomas
+from tridiax._tridiagonal.api import solve
+
+pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pallas TPU backend")
+
+BACKEND = "pallas_tpu_interpret"
+
+
+def test_tpus_prefer_the_pallas_kernels_and_say_why_not():
+    assert _backend.PREFERENCE["tpu"] == ("pallas_tpu", "xla")
+    assert _backend.default_backend("tpu", jnp.float32) == "pallas_tpu"
+    assert _backend.default_backend("tpu", jnp.bfloat16) == "pallas_tpu"
+    assert _backend.default_backend("tpu", jnp.float64) == "xla"
+    assert _backend.default_backend("tpu", jnp.complex64) == "xla"
+    assert _backend.default_backend("tpu", jnp.float32, op="recurrence",
+                                    activation=jax.nn.relu) == "pallas_tpu"
+    assert _backend.default_backend("tpu", jnp.float32, op="recurrence",
+                                    activation=jax.nn.gelu) == "xla"
+    assert "run on TPUs" in _backend.unavailable("pallas_tpu", jnp.float32, platform="cpu")
+    assert "float64" in _backend.unavailable("pallas_tpu", jnp.float64, platform="tpu")
+    assert "complex64" in _backend.unavailable("pallas_tpu", jnp.complex64, platform="tpu")
+    assert "gelu" in _backend.unavailable("pallas_tpu", jnp.float32, platform="tpu",
+                                          op="recurrence", activation=jax.nn.gelu)
+    assert _backend.unavailable(BACKEND, jnp.float32, platform="cpu") is None
+    with pytest.raises(ValueError, match="float64"):
+        solve(*[np.ones(4)] * 4, backend=BACKEND)
+
+
+def _bands(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    lower, upper, rhs = (rng.uniform(-1, 1, shape).astype(np.float32) for _ in range(3))
+    diag = (rng.uniform(2, 3, shape) * rng.choice([-1, 1], shape)).astype(np.float32)
+    return lower, diag, upper, rhs
+
+
+@pytest.mark.parametrize("axis", [1, 0, -1])
+def test_solve_along_every_axis(axis):
+    ops = _bands((5, 40, 6))
+    x = solve(*ops, axis=axis, backend=BACKEND)
+    want = verify.reference_solve(*ops, axis=axis)
+    np.testing.assert_allclose(x, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def test_solve_gradients_match_a_dense_solve():
+    ops = [jnp.asarray(v) for v in _bands((3, 20))]
+    weights = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, (3, 20)), jnp.float32)
+
+    def loss(fn):
+        return lambda *a: jnp.sum(weights * jnp.sin(fn(*a)))
+
+    got = jax.grad(loss(lambda *a: solve(*a, axis=-1, backend=BACKEND)), argnums=(0, 1, 2, 3))(*ops)
+    want = jax.grad(loss(lambda *a: dense_solve(*a, -1)), argnums=(0, 1, 2, 3))(*ops)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+def _scan(a, x, *, axis, reverse=False, activation=lambda v: v):
+    """An independent reference: lax.scan over the time axis."""
+    a, x = (jnp.moveaxis(jnp.broadcast_to(v, np.broadcast_shapes(a.shape, x.shape)), axis, 0)
+            for v in (a, x))
+
+    def step(h, ax):
+        h = activation(ax[0] * h + ax[1])
+        return h, h
+
+    _, h = jax.lax.scan(step, jnp.zeros_like(x[0]), (a, x), reverse=reverse)
+    return jnp.moveaxis(h, 0, axis)
+
+
+@pytest.mark.parametrize("activation", [None, jax.nn.relu, jnp.tanh], ids=["linear", "relu", "tanh"])
+def test_recurrence_and_its_gradients(activation):
+    rng = np.random.default_rng(2)
+    a = jnp.asarray(rng.uniform(-1, 1, (30, 7)), jnp.float32)
+    x = jnp.asarray(rng.uniform(-1, 1, (30, 7)), jnp.float32)
+    def reference(a, x):
+        return _scan(a, x, axis=0, activation=activation or (lambda v: v))
+
+    def ours(a, x):
+        return recurrence(a, x, axis=0, activation=activation, backend=BACKEND)
+
+    np.testing.assert_allclose(ours(a, x), reference(a, x), rtol=1e-5, atol=1e-6)
+    got = jax.grad(lambda *v: jnp.sum(jnp.cos(ours(*v))), argnums=(0, 1))(a, x)
+    want = jax.grad(lambda *v: jnp.sum(jnp.cos(reference(*v))), argnums=(0, 1))(a, x)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_reversed_recurrence_with_decays_per_feature():
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(rng.uniform(-1, 1, (7,)), jnp.float32)
+    x = jnp.asarray(rng.uniform(-1, 1, (3, 30, 7)), jnp.float32)
+    h = recurrence(a, x, axis=1, reverse=True, backend=BACKEND)
+    np.testing.assert_allclose(h, _scan(a, x, axis=1, reverse=True), rtol=1e-5, atol=1e-6)
+
+
+def test_operands_in_their_physical_order(monkeypatch):
+    """Where the TPU stores an array column-major (its default layout), the kernels take it
+    transposed (a bitcast there) and solve along the moved axis: the same answers."""
+    monkeypatch.setattr(_tpu, "default_minor_to_major",
+                        lambda shape, dtype: tuple(range(len(shape))))  # reversed dimensions
+    ops = _bands((6, 33))
+    for axis in (0, 1):
+        x = solve(*ops, axis=axis, backend=BACKEND)
+        want = verify.reference_solve(*ops, axis=axis)
+        np.testing.assert_allclose(x, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    moved, axis, back = _tpu.in_physical_order([jnp.zeros((6, 33, 2)), jnp.zeros((1, 33, 1))], 1,
+                                               jnp.float32)
+    assert [v.shape for v in moved] == [(2, 33, 6), (1, 33, 1)] and axis == 1
+    assert back(jnp.zeros((2, 33, 6))).shape == (6, 33, 2)
+    a, x = (jnp.asarray(v) for v in _bands((6, 33))[:2])
+    h = recurrence(a, x, axis=1, backend=BACKEND)
+    np.testing.assert_allclose(h, _scan(a, x, axis=1), rtol=1e-5, atol=1e-6)
+
+
+class _Recorded(Exception):
+    pass
+
+
+def _blocks_moved(monkeypatch, run):
+    """Call `run()` with `_tpu.call` recording its grid and block specs instead of launching:
+    for each input and output, how many blocks Pallas's pipeline moves (one per change of its
+    block index along the grid, walked in order) and how many distinct blocks it touches."""
+    seen = {}
+
+    def record(kernel, g, inputs, in_specs, out_shapes, out_specs, scratch, *, steps, **_):
+        seen.update(grid=(*g.groups, steps), specs=list(in_specs) + list(out_specs),
+                    outputs=len(out_specs))
+        raise _Recorded
+
+    monkeypatch.setattr(_tpu, "call", record)
+    with pytest.raises(_Recorded):
+        run()
+    moved = []
+    for spec in seen["specs"]:
+        indices = [tuple(int(i) for i in spec.index_map(*point))
+                   for point in itertools.product(*map(range, seen["grid"]))]
+        changes = 1 + sum(a != b for a, b in itertools.pairwise(indices))
+        moved.append((changes, len(set(indices))))
+    return moved, seen["outputs"]
+
+
+@pytest.mark.parametrize("shape", [(2, 700, 1030), (300, 600, 1), (13, 300, 5)],
+                         ids=["lanes", "transposed", "sublanes"])
+def test_every_block_moves_once(shape, monkeypatch):
+    """The solve's grid walks each group's chunks forward then backward: its inputs stay on the
+    last chunk while x is written, and x on the last chunk while the inputs are read."""
+    ops = [jnp.zeros(shape, jnp.float32)] * 4
+    moved, outputs = _blocks_moved(monkeypatch, lambda: tpu_thomas.solve_pnq(
+        *ops, transposed=False, out_dtype=jnp.float32))
+    assert outputs == 1
+    for changes, distinct in moved:
+        assert changes == distinct  # no block read (written) twice
+    for reverse in (False, True):
+        moved, _ = _blocks_moved(monkeypatch, lambda: tpu_recurrence.recurrence_pnq(
+            ops[0], ops[1], ops[2][:, :1], reverse=reverse, shifted=False, activation=None,
+            final_only=False, out_dtype=jnp.float32))
+        for changes, distinct in moved:
+            assert changes == distinct

@@ -1,0 +1,214 @@
+"""Every public entry point compiles for a TPU v5e into Mosaic TPU kernels: no XLA loop over
+the rows, each kernel's scoped VMEM (as the compiler allotted it, pipeline buffers included)
+within the budget the kernels plan for and the limit they ask for, and the HBM bytes XLA's
+cost analysis counts against the floor (one read of every input, one write of the output).
+Compiled without a TPU by `tpu_aot` (libtpu describes a v5e slice); the other generations
+libtpu knows compile the main entry points too (outside the fast tier).
+
+Without libtpu in tpu_aot's directory (`python tests/support/tpu_aot.py --install`) these tests
+skip, unless TRIDIAX_REQUIRE_TPU_AOT is set (as CI does), when they fail. `pytest -s` prints
+what each case compiled to.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tpu_aot import TOPOLOGIES, bytes_accessed, compile_reports, padded_bytes, read_program, unavailable_reason
+
+import tridiax
+from tridiax._pallas import tpu as _tpu
+
+V5E = "v5e:2x2"
+# Cost analysis counts arrays as XLA lays them out in HBM, tiles padded: within this factor
+# of the logical floor (a ragged (1030, 999) array pads to (1032, 1024), 2.7% more).
+FLOOR_FACTOR = 1.2
+
+
+# A compiled program as libtpu prints it (abridged): a relayout of the initial state (a
+# fusion), the kernel, and a loop around an XLA kernel.
+PROGRAM = """\
+HloModule jit_f, is_scheduled=true
+
+%body (p: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {
+  %c = f32[8,128]{1,0:T(8,128)} custom-call(%x), custom_call_target="tpu_custom_call", backend_config={}
+}
+
+ENTRY %main.2 (a.1: bf16[1,300,1200], h0.1: bf16[1,1,1200]) -> bf16[1,300,1200] {
+  %h0.1 = bf16[1,1,1200]{2,1,0:T(2,128)(2,1)} parameter(1), metadata={op_name="h0"}
+  %a.1 = bf16[1,300,1200]{2,1,0:T(8,128)(2,1)} parameter(0), metadata={op_name="a"}
+  %bitcast.3 = bf16[1,1200]{1,0:T(2,128)(2,1)} bitcast(%h0.1)
+  %pad_convert_fusion = f32[1,2048]{1,0:T(1,128)S(1)} fusion(%bitcast.3), kind=kLoop, calls=%fused_computation
+  %w = (s32[], f32[8,128]{1,0}) while(%t), condition=%cond, body=%body
+  ROOT %tridiax_recurrence_tpu.1 = bf16[1,300,1200]{2,1,0:T(8,128)(2,1)} custom-call(%a.1, %pad_convert_fusion), \
+custom_call_target="tpu_custom_call", backend_config={"flag_configs":[],"scoped_memory_configs":[{"memory_space":"1",\
+"offset":"0","size":"16777216"}],"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"6295552"}]}
+}
+"""
+
+
+def test_harness_reads_compiled_programs():
+    assert padded_bytes("f32[4,1000,2048]{2,1,0:T(8,128)}") == 4 * 1000 * 2048 * 4
+    assert padded_bytes("f32[1030,999]{0,1:T(8,128)}") == 1152 * 1000 * 4  # column-major
+    assert padded_bytes("bf16[2,37,1030]{2,0,1:T(2,128)(2,1)}") == 37 * 2 * 1152 * 2
+    assert padded_bytes("(f32[8,128]{1,0:T(8,128)}, s32[])") == 4096 + 4
+    program = read_program(PROGRAM)
+    assert program["whiles"] == 1 and program["others"] == ["fusion", "while"]
+    kernel, nested = program["kernels"]
+    assert (kernel["vmem_bytes"], kernel["vmem_limit_bytes"]) == (6295552, 16 << 20)
+    assert kernel["operand_bytes"] == 304 * 1280 * 2 + 2048 * 4
+    assert kernel["result_bytes"] == 304 * 1280 * 2
+    assert nested["name"] == "nested"
+    assert bytes_accessed({"bytes accessed0{}": 3.0, "bytes accessedout{}": 4.0, "bytes accessed": 1.0,
+                           "utilization0{}": 9.0}) == 7.0
+
+
+def _require_harness():
+    if reason := unavailable_reason():
+        if os.environ.get("TRIDIAX_REQUIRE_TPU_AOT", "") not in ("", "0"):
+            pytest.fail(f"TRIDIAX_REQUIRE_TPU_AOT is set but deviceless TPU compilation cannot run: {reason}")
+        pytest.skip(reason)
+
+
+def _grad(f, argnums):
+    return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) ** 2), argnums=argnums)
+
+
+def _solve(axis):
+    return lambda *a: tridiax.solve_tridiagonal(*a, axis=axis)
+
+
+# name: (function, argument specs, kernels it must compile to, forward: its floor is the bytes
+# of its arguments and its result)
+ENTRY_POINTS = {
+    # batch-first, stored row-major: transposed on chip by "transposed" row tiles
+    "solve-batch-first-f32": (_solve(-1), [((4096, 1024), "float32")] * 4, 1, True),
+    # batch-first systems of 1000 rows, which the TPU stores column-major (1000 rows of 4096
+    # values pad least): read by lanes, with no transpose anywhere
+    "solve-batch-first-column-major-f32": (_solve(-1), [((4096, 1000), "float32")] * 4, 1, True),
+    # ragged batch-first systems stored row-major (bf16 tiles of 16 rows): transposed on chip,
+    # blocks overhanging both dimensions
+    "solve-batch-first-ragged-bf16": (_solve(-1), [((1030, 999), "bfloat16")] * 4, 1, True),
+    "solve-columns-f32": (_solve(0), [((1000, 4096), "float32")] * 4, 1, True),
+    "solve-middle-axis-bf16": (_solve(1), [((8, 1000, 512), "bfloat16")] * 4, 1, True),
+    "solve-one-matrix-f32": (_solve(0), [((1000, 1), "float32")] * 3 + [((1000, 4096), "float32")], 1, True),
+    # long systems: row tiles of fewer sublanes keep their eliminated rows in VMEM
+    "solve-long-f32": (_solve(0), [((20000, 1024), "float32")] * 4, 1, True),
+    "grad-solve-f32": (_grad(_solve(-1), (0, 1, 2, 3)), [((4096, 1024), "float32")] * 4, 2, False),
+    "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, False),
+    "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
+    "recurrence-batch-first-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
+                                    [((4096, 1024), "bfloat16")] * 2, 1, True),
+    "recurrence-batch-first-column-major-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
+                                                 [((4096, 1000), "bfloat16")] * 2, 1, True),
+    "recurrence-decay-per-feature-f32": (lambda a, x: tridiax.linear_recurrence(a, x),
+                                         [((4096,), "float32"), ((1000, 4096), "float32")], 1, True),
+    "recurrence-final-state-f32": (lambda a, x: tridiax.linear_recurrence(a, x, final_only=True),
+                                   [((1000, 4096), "float32")] * 2, 1, True),
+    "indrnn-relu-bf16": (lambda w, z: tridiax.indrnn(w, z, axis=1),
+                         [((1024,), "bfloat16"), ((8, 1000, 1024), "bfloat16")], 1, True),
+    "grad-recurrence-f32": (_grad(lambda a, x: tridiax.linear_recurrence(a, x), (0, 1)),
+                            [((1000, 4096), "float32")] * 2, 2, False),
+    "grad-indrnn-tanh-f32": (_grad(functools.partial(tridiax.indrnn, activation=jnp.tanh), (0, 1)),
+                             [((4096,), "float32"), ((1000, 4096), "float32")], 2, False),
+}
+
+
+def _bytes(specs) -> int:
+    return sum(math.prod(shape) * np.dtype(jnp.dtype(dtype)).itemsize for shape, dtype in specs)
+
+
+def _floor(name) -> int:
+    """Bytes of one read of every argument and one write of the result."""
+    fn, specs, _, _ = ENTRY_POINTS[name]
+    out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d in specs])
+    return _bytes(specs) + sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(out))
+
+
+def _problems(name, report, *, program_bytes=True):
+    """What is wrong with one compiled entry point. `program_bytes`: hold the whole program's
+    bytes to the floor (forward entry points), else only each kernel's operands and result
+    (where XLA prefetches whole operands into VMEM before a kernel that is the whole program,
+    as it does on 7x, the prefetch counts twice)."""
+    _, specs, kernels, forward = ENTRY_POINTS[name]
+    if report.error:
+        return [f"{name}: {report.error}"]
+    problems = []
+    if len(report.kernels) != kernels:
+        problems.append(f"{name}: {len(report.kernels)} Mosaic kernels, expected {kernels}")
+    if report.whiles:
+        problems.append(f"{name}: {report.whiles} XLA while loops")
+    vmem = _tpu.vmem(report.device_kind)  # the chip's plan: a quarter of the limit left over
+    if vmem.limit == _tpu.VMEM_LIMIT and report.device_kind != "TPU v4":
+        problems.append(f"{name}: no VMEM plan for a {report.device_kind}")
+    for k in report.kernels:
+        if not 0 < k.vmem_bytes <= vmem.budget:
+            problems.append(f"{name}: {k.name} uses {k.vmem_bytes} B of VMEM, over its budget {vmem.budget}")
+        if k.vmem_limit_bytes != vmem.limit:
+            problems.append(f"{name}: {k.name} runs under {k.vmem_limit_bytes} B of scoped VMEM, "
+                            f"not {vmem.limit}")
+    floor = _floor(name)
+    if forward and program_bytes and report.bytes_accessed > FLOOR_FACTOR * floor:
+        problems.append(f"{name}: {report.bytes_accessed:.4g} B accessed, floor {floor:.4g}")
+    if forward and any(k.operand_bytes + k.result_bytes > FLOOR_FACTOR * floor for k in report.kernels):
+        problems.append(f"{name}: a kernel moves more than {FLOOR_FACTOR} x {floor} B")
+    return problems
+
+
+def _describe(name, report):
+    floor = _floor(name)
+    kernels = ", ".join(f"{k.vmem_bytes / 2**20:.2f} MiB VMEM, {(k.operand_bytes + k.result_bytes) / 2**20:.1f} MiB"
+                        for k in report.kernels)
+    return (f"{name}: {report.bytes_accessed / floor:.3f} x floor ({report.bytes_accessed / 2**20:.1f} MiB), "
+            f"kernels [{kernels}], others {list(report.others)}, {report.compile_seconds:.1f} s")
+
+
+@functools.cache
+def _reports(topology, names):
+    cases = {name: (f"test_tpu_compile:ENTRY_POINTS[{name!r}][0]", ENTRY_POINTS[name][1]) for name in names}
+    return compile_reports(cases, topology=topology)
+
+
+def test_entry_points_compile_to_mosaic_kernels_for_v5e():
+    _require_harness()
+    reports = _reports(V5E, tuple(ENTRY_POINTS))
+    for name, report in reports.items():
+        if not report.error:
+            print(_describe(name, report))
+    problems = [p for name, report in reports.items() for p in _problems(name, report)]
+    assert not problems, "\n".join(problems)
+
+
+def test_gradient_kernels_move_each_array_once():
+    """A gradient's kernels (the solve and the transposed solve; the recurrence and the reversed
+    one) each read their operands and write their result once: five arrays a solve, three a
+    recurrence (IndRNN's backward reads its slope-scaled operands, materialized by XLA)."""
+    _require_harness()
+    reports = _reports(V5E, tuple(ENTRY_POINTS))
+    for name in ("grad-solve-f32", "grad-recurrence-f32", "grad-indrnn-tanh-f32"):
+        _, specs, _, _ = ENTRY_POINTS[name]
+        array = max(math.prod(s) * np.dtype(jnp.dtype(d)).itemsize for s, d in specs)
+        arrays = 5 if "solve" in name else 3
+        for k in reports[name].kernels:
+            assert k.operand_bytes + k.result_bytes <= FLOOR_FACTOR * arrays * array, (name, k)
+
+
+@pytest.mark.parametrize("topology", [t for t in TOPOLOGIES if t != V5E])
+def test_other_generations(topology):
+    """v4, v5p, v6e and 7x compile the kernels too, within their scoped VMEM, each kernel moving
+    its operands and result once."""
+    _require_harness()
+    names = ("solve-batch-first-f32", "solve-middle-axis-bf16", "grad-recurrence-f32")
+    reports = _reports(topology, names)
+    for name, report in reports.items():
+        if not report.error:
+            print(topology, _describe(name, report))
+    problems = [p for name, report in reports.items()
+                for p in _problems(name, report, program_bytes=False)]
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,203 @@
+"""The Pallas TPU kernels run in TPU interpret mode (TPU semantics on CPU, VMEM starting as
+NaNs), against independent references: `tridiax.verify.sequential_solve` (the Thomas sweep
+in NumPy, every operation rounded in float32) for solves, a NumPy loop for recurrences.
+
+Every case names the layout it exercises (`_pallas/tpu.py`) and checks the kernel chose it;
+ragged sizes cover N = 1, 2, 3, odd N, chunks whose last one holds a single row, groups of
+systems that overhang P or Q by one system, and both dtypes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tridiax import verify
+from tridiax._pallas import tpu as _tpu
+from tridiax._recurrence import pallas_tpu as tpu_recurrence
+from tridiax._tridiagonal import pallas_tpu as tpu_thomas
+
+pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pallas TPU backend")
+
+F32, BF16 = np.dtype(np.float32), jnp.dtype(jnp.bfloat16)
+
+# (layout, P, N, Q, dtype, transposed)
+# The first case of each list (the fast tier's) is the most demanding: several chunks, the
+# last one ragged, half precision, the transposed (reversed, shifted) sweep.
+SOLVE_CASES = [
+    ("lanes", 1, 300, 1200, BF16, True),  # two chunks, the last one ragged
+    ("lanes", 2, 37, 1030, F32, False),
+    ("lanes", 3, 1, 128, F32, True),  # N = 1
+    ("sublanes", 13, 37, 5, F32, True),
+    ("sublanes", 9, 2, 129, BF16, False),  # N = 2; a last group of one lane along Q
+    ("sublanes", 1, 513, 1, F32, False),  # three chunks, the last one a single row
+    ("sublanes", 5, 3, 1, BF16, True),  # N = 3
+    ("transposed", 300, 37, 1, F32, False),
+    ("transposed", 129, 257, 1, BF16, True),  # two chunks (last: one row), 129 systems
+    ("transposed", 1030, 5, 1, F32, True),
+]
+
+
+def _ids(cases):
+    return [f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{np.dtype(c[4]).name}-{c[5:]}" for c in cases]
+
+
+def _draw(rng, shape, dtype):
+    return jnp.asarray(rng.uniform(-1, 1, shape)).astype(dtype)
+
+
+def _bands(rng, shapes, dtype):
+    """lower, diag, upper, rhs of these shapes: diagonally dominant, with the entries outside
+    the matrices (lower[0], upper[N-1]) NaN and inf, which the solve must ignore."""
+    lower, upper, rhs = (_draw(rng, s, dtype) for s in (shapes[0], shapes[2], shapes[3]))
+    diag = _draw(rng, shapes[1], dtype)
+    diag = diag + 3 * jnp.where(diag >= 0, 1, -1).astype(dtype)
+    if shapes[0][1] > 1:
+        lower = lower.at[:, 0].set(jnp.nan)
+    if shapes[2][1] > 1:
+        upper = upper.at[:, -1].set(jnp.inf)
+    return lower, diag, upper, rhs
+
+
+def _transposed_bands(lower, upper):
+    """The bands of A^T (along axis 1): lower'[i] = upper[i-1], upper'[i] = lower[i+1]."""
+    return jnp.roll(upper, 1, axis=1), jnp.roll(lower, -1, axis=1)
+
+
+def _reference_solve(lower, diag, upper, rhs, *, transposed, dtype):
+    """The float32 Thomas sweep of NumPy on the operands' values, rounded to `dtype` once."""
+    if transposed:
+        lower, upper = _transposed_bands(lower, upper)
+    ops = [np.asarray(v.astype(jnp.float32)) for v in (lower, diag, upper, rhs)]
+    x = verify.sequential_solve(*ops, axis=1, dtype=np.float32)
+    return np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32))
+
+
+def _close(got, want, dtype):
+    """Agreement to a few roundings of the output dtype, relative to the solution's size."""
+    got = np.asarray(jnp.asarray(got).astype(jnp.float32))
+    assert np.all(np.isfinite(got)), "non-finite values in the kernel's result"
+    scale = np.max(np.abs(want)) + 1e-30
+    tolerance = 2.0 ** -7 if jnp.dtype(dtype) == BF16 else 1e-5
+    error = np.max(np.abs(got - want)) / scale
+    assert error <= tolerance, f"relative error {error:.3g} > {tolerance:.3g}"
+
+
+@pytest.mark.parametrize("case", SOLVE_CASES, ids=_ids(SOLVE_CASES))
+def test_solve_every_layout_and_ragged_size(case):
+    layout, P, N, Q, dtype, transposed = case
+    assert _tpu.choose_layout(P, Q) == layout
+    rng = np.random.default_rng(P * 1000 + N)
+    ops = _bands(rng, [(P, N, Q)] * 4, dtype)
+    x = tpu_thomas.solve_pnq(*ops, transposed=transposed, out_dtype=dtype,
+                             interpret=_tpu.interpret_params())
+    assert x.shape == (P, N, Q) and x.dtype == dtype
+    _close(x, _reference_solve(*ops, transposed=transposed, dtype=dtype), dtype)
+
+
+# (operand shapes of lower, diag, upper, rhs) against a full right-hand side: one matrix for
+# every system (SMEM scalars), a diagonal constant along N (a tile), bands shared along P
+# (read by lanes in place, or broadcast first), bands constant along Q.
+BROADCAST_CASES = [
+    [(1, 37, 1), (1, 37, 1), (1, 37, 1), (2, 37, 1030)],
+    [(1, 37, 1), (13, 1, 5), (1, 37, 1), (13, 37, 5)],
+    [(1, 300, 1), (1, 300, 1), (300, 300, 1), (300, 300, 1)],
+    [(3, 40, 256), (1, 40, 256), (3, 1, 1), (3, 40, 256)],
+    [(2, 37, 1), (2, 37, 1030), (2, 37, 1), (2, 37, 1030)],
+    [(1, 37, 5), (13, 37, 1), (13, 37, 5), (13, 37, 5)],
+]
+
+
+@pytest.mark.parametrize("shapes", BROADCAST_CASES, ids=lambda s: "-".join("x".join(map(str, t)) for t in s))
+def test_solve_broadcast_operands(shapes):
+    rng = np.random.default_rng(7)
+    ops = _bands(rng, shapes, F32)
+    full = np.broadcast_shapes(*shapes)
+    x = tpu_thomas.solve_pnq(*ops, transposed=False, out_dtype=F32, interpret=_tpu.interpret_params())
+    assert x.shape == full
+    ops = [jnp.broadcast_to(v, full) for v in ops]
+    _close(x, _reference_solve(*ops, transposed=False, dtype=F32), F32)
+
+
+def test_narrow_row_tiles_and_the_fallback_for_long_systems(monkeypatch):
+    """Systems whose eliminated rows fill the VMEM budget get row tiles of fewer sublanes; too
+    long for any, XLA's loop solves them."""
+    rng = np.random.default_rng(3)
+    P, N, Q = 1, 260, 1024
+    ops = _bands(rng, [(P, N, Q)] * 4, F32)
+    want = _reference_solve(*ops, transposed=False, dtype=F32)
+    wide = tpu_thomas._plan(P, N, Q, ops, F32)
+    assert wide.s == 8 and wide.chunks == 3  # chunks of 128 rows, the last of 4
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 3 << 20)
+    narrow = tpu_thomas._plan(P, N, Q, ops, F32)
+    assert narrow is not None and narrow.s < 8
+    x = tpu_thomas.solve_pnq(*ops, transposed=False, out_dtype=F32, interpret=_tpu.interpret_params())
+    _close(x, want, F32)
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 16)
+    assert not tpu_thomas.fits(P, N, Q, F32)
+    x = tpu_thomas.solve_pnq(*ops, transposed=False, out_dtype=F32, interpret=_tpu.interpret_params())
+    _close(x, want, F32)
+
+
+def _reference_recurrence(a, x, h0, *, reverse, shifted, activation, final_only):
+    """h[t] = act(c[t]*h[t-1] + x[t]) along axis 1 in float32 NumPy (c[t] = a[t], or a at the
+    previous step's index and zero at the first step when `shifted`)."""
+    a, x, h0 = (np.asarray(v.astype(jnp.float32)) for v in (a, x, h0))
+    shape = np.broadcast_shapes(a.shape, x.shape, h0.shape)
+    a, x = np.broadcast_to(a, shape), np.broadcast_to(x, shape)
+    act = {None: lambda v: v, jax.nn.relu: lambda v: np.maximum(v, 0), jnp.tanh: np.tanh}[activation]
+    T = shape[1]
+    steps = range(T - 1, -1, -1) if reverse else range(T)
+    h = np.broadcast_to(h0[:, 0], (shape[0], shape[2])).astype(np.float32)
+    out = np.zeros(shape, np.float32)
+    previous = None
+    for t in steps:
+        c = a[:, t] if not shifted else (np.zeros_like(a[:, t]) if previous is None else a[:, previous])
+        h = act(c * h + x[:, t]).astype(np.float32)
+        out[:, t] = h
+        previous = t
+    return h[:, None] if final_only else out
+
+
+# (layout, P, T, Q, dtype, reverse, shifted, final_only, activation)
+RECURRENCE_CASES = [
+    ("lanes", 1, 300, 1200, BF16, True, True, False, None),  # two chunks, reversed
+    ("lanes", 2, 37, 1030, F32, False, False, False, None),
+    ("lanes", 3, 1, 128, F32, False, True, False, None),  # T = 1, shifted: h = x
+    ("sublanes", 13, 37, 5, F32, True, False, True, None),  # final state only
+    ("sublanes", 9, 2, 129, BF16, False, False, False, jax.nn.relu),
+    ("sublanes", 1, 513, 1, F32, True, True, False, None),  # three chunks, the last one row
+    ("transposed", 300, 37, 1, F32, False, False, False, jnp.tanh),
+    ("transposed", 129, 257, 1, BF16, False, True, True, None),
+    ("transposed", 1030, 3, 1, F32, True, False, False, jax.nn.relu),
+]
+
+
+@pytest.mark.parametrize("case", RECURRENCE_CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{np.dtype(c[4]).name}-{c[5:8]}"
+                              f"-{getattr(c[8], '__name__', c[8])}" for c in RECURRENCE_CASES])
+def test_recurrence_every_layout_and_flag(case):
+    layout, P, T, Q, dtype, reverse, shifted, final_only, activation = case
+    assert _tpu.choose_layout(P, Q) == layout
+    rng = np.random.default_rng(P * 1000 + T)
+    a, x = _draw(rng, (P, T, Q), dtype), _draw(rng, (P, T, Q), dtype)
+    h0 = _draw(rng, (P, 1, Q), dtype)
+    flags = dict(reverse=reverse, shifted=shifted, activation=activation, final_only=final_only)
+    h = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=dtype, interpret=_tpu.interpret_params(),
+                                      **flags)
+    want = _reference_recurrence(a, x, h0, **flags)
+    assert h.shape == want.shape and h.dtype == dtype
+    _close(h, np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32)), dtype)
+
+
+@pytest.mark.parametrize("shapes", [
+    [(1, 1, 1030), (2, 37, 1030), (2, 1, 1)],  # decays per feature (a tile), h0 per system
+    [(1, 37, 1), (13, 37, 5), (1, 1, 5)],  # decays per step shared by every system (SMEM)
+    [(300, 1, 1), (300, 37, 1), (1, 1, 1)],
+], ids=["tile-decay", "scalar-decay", "transposed-tile-decay"])
+def test_recurrence_broadcast_operands(shapes):
+    rng = np.random.default_rng(11)
+    a, x, h0 = (_draw(rng, s, F32) for s in shapes)
+    flags = dict(reverse=False, shifted=True, activation=None, final_only=False)
+    h = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=F32, interpret=_tpu.interpret_params(),
+                                      **flags)
+    _close(h, _reference_recurrence(a, x, h0, **flags), F32)
