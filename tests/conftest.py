@@ -22,6 +22,7 @@ def _cpu_device_when_marked(request):
 SLOW_MODULES = frozenset({
     "test_benchmark_data", "test_docs_site", "test_examples", "test_gpu_aot", "test_gpu_compile",
     "test_gpu_model", "test_gpu_report", "test_multihost", "test_properties", "test_sharding",
+    "test_tpu_compile",
 })
 
 
