@@ -1,17 +1,20 @@
 """The Pallas (Triton) block-tridiagonal kernel, `_block/pallas_triton.py`.
 
-On CPU the kernel runs in interpret mode and must give what dense NumPy solves of the assembled
-matrices and the XLA formulation (`_xla_block.solve_pnq`) give, for every kind, transposed or
-not, with a ragged last tile, broadcast blocks and NaN in the blocks outside the matrix
-(lower[0], upper[N-1]). Interpret mode pads ragged tiles and would hide a missing mask, so GPU
-readiness is checked on the kernel lowered for CUDA (every Triton load and store of a ragged tile
-masked, broadcast blocks read in place) and, in the last block, compiled for an H100 without a
-GPU (`gpu_aot`): registers, spills and blocks per launch.
+On CPU the kernel runs in interpret mode: `TestPallasInterpret` runs the block kernel contract
+(block_contract.py) on it, against dense solves of the assembled matrices and the XLA
+formulation it follows step for step, with a ragged last tile (Q = 5 is not a multiple of the
+default tile, 8 or more). Each case compiles a program of its own, unrolled over the k x k
+entries, so the cases are fewer than the native kernel's: every k up to 4, N, m, dtype and kind
+in both orientations, and k = 8 once (its program alone takes seconds to compile; the pivoted
+kind is checked up to k = 4, its code does not depend on k). The plain tests check what only
+this kernel has: tiles ragged along P and Q, argument checks, the default tiles, and GPU
+readiness. Interpret mode pads ragged tiles and would hide a missing mask, so GPU readiness is
+checked on the kernel lowered for CUDA (every Triton load and store of a ragged tile masked,
+broadcast blocks read in place) and, in the last block, compiled for an H100 without a GPU
+(`gpu_aot`): registers, spills and blocks per launch.
 
 The interpret-mode programs are compiled by XLA:CPU at optimization level 0 and without its
-fusion emitters: a third of the compile time of the default, which dominates these tests (the
-kernel body is unrolled over the k x k entries). For the same reason the largest blocks (k = 8)
-run unpivoted here; the pivoted kind is checked up to k = 4 (its code does not depend on k).
+fusion emitters: a third of the compile time of the default, which dominates these tests.
 """
 
 from __future__ import annotations
@@ -24,229 +27,82 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from block_contract import BlockKernelContract, assert_close, case_id, check, condition, problem, xla_solve
 from helpers import compile_unoptimized, triton_kernels
 
 from tridiax._block import pallas_triton as _pallas_block
 from tridiax._block import xla as _xla_block
 from tridiax._pallas.tiles import Tiles
 
-P, Q = 2, 5  # Q = 5 is not a multiple of the default tile (8 or more): the tile is ragged
 
-# Errors per system, relative to its largest |x|, in units of eps * cond(A): against the XLA
-# formulation (the same operations, up to complex division and fused rounding) and a dense
-# LAPACK solve of the assembled matrix (another order of operations).
-TOL_XLA, TOL_DENSE = 10, 20
-
-
-def _compiled(fn, *args):
-    compiled = compile_unoptimized(fn, *(jnp.asarray(a) for a in args),
-                                   xla_cpu_use_fusion_emitters=False)
-    return lambda *a: np.asarray(compiled(*(jnp.asarray(x) for x in a)))
+@functools.cache
+def _program(specs, options, tiles):
+    fn = functools.partial(_pallas_block.solve_pnq, interpret=True, tiles=tiles, **dict(options))
+    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs),
+                               xla_cpu_use_fusion_emitters=False)
 
 
-def pallas(*operands, **options):
-    fn = functools.partial(_pallas_block.solve_pnq, interpret=True, **options)
-    return _compiled(fn, *operands)(*operands)
+def pallas(lower, diag, upper, b, *, kind, transposed, out_dtype=None, tiles=None):
+    """The interpret-mode kernel, compiled once per shapes, options and tiles."""
+    args = tuple(jnp.asarray(x) for x in (lower, diag, upper, b))
+    options = dict(kind=kind, transposed=transposed, out_dtype=np.dtype(out_dtype or b.dtype))
+    program = _program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()), tiles)
+    return np.array(program(*args))
 
-
-def xla(*operands, **options):
-    return _compiled(functools.partial(_xla_block.solve_pnq, **options), *operands)(*operands)
-
-
-# --- problems and references ----------------------------------------------------------------
-
-
-def problem(k, N, m, dtype, kind, *, seed=0, shapes=None, P_=P, Q_=Q):
-    """lower, diag, upper (P|1, N|1, Q|1, k, k) and b (P, N, Q, k, m); `shapes` maps "lower",
-    "diag", "upper" to broadcast (P|1, N|1, Q|1) shapes. lower[:, 0] and upper[:, N-1] are NaN
-    (where the operand is not broadcast along N).
-
-    "block": diagonal blocks 3k I + noise (block diagonally dominant); "block_pivoted": 3k J +
-    noise, J the exchange matrix, so that elimination without row swaps meets small pivots;
-    "block_hermitian": Hermitian positive definite (lower[i] = upper[i-1]^H, diagonal blocks
-    H + H^H + 3k I)."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    shapes = {"lower": (P_, N, Q_), "diag": (P_, N, Q_), "upper": (P_, N, Q_), **(shapes or {})}
-
-    def draw(shape):
-        x = rng.uniform(-1, 1, shape)
-        return x + 1j * rng.uniform(-1, 1, shape) if dtype.kind == "c" else x
-
-    upper = draw(shapes["upper"] + (k, k))
-    diag = draw(shapes["diag"] + (k, k))
-    if kind == "block_hermitian":
-        assert shapes["lower"] == shapes["upper"]
-        lower = np.conj(np.swapaxes(np.roll(upper, 1, axis=1), -1, -2))
-        diag = diag + np.conj(np.swapaxes(diag, -1, -2)) + 3 * k * np.eye(k)
-    else:
-        lower = draw(shapes["lower"] + (k, k))
-        diag = diag + 3 * k * (np.eye(k)[::-1] if kind == "block_pivoted" else np.eye(k))
-    if lower.shape[1] == N > 0:
-        lower[:, 0] = np.nan
-    if upper.shape[1] == N > 0:
-        upper[:, -1] = np.nan
-    b = draw((P_, N, Q_, k, m))
-    return [x.astype(dtype) for x in (lower, diag, upper, b)]
-
-
-def dense(lower, diag, upper, N):
-    """(P, Q, N k, N k) matrices of the blocks (lower[0] and upper[N-1] left out)."""
-    lower, diag, upper = (np.nan_to_num(x, nan=0.0) for x in (lower, diag, upper))
-    P_, _, Q_, k, _ = np.broadcast_shapes(lower.shape, diag.shape, upper.shape)
-    a = np.zeros((P_, Q_, N * k, N * k), np.result_type(lower, diag, upper, np.float64))
-
-    def at(x, i):  # block i of every system, (P, Q, k, k)
-        return np.broadcast_to(x[:, min(i, x.shape[1] - 1)], (P_, Q_, k, k))
-
-    for i in range(N):
-        rows = slice(i * k, (i + 1) * k)
-        a[:, :, rows, rows] = at(diag, i)
-        if i > 0:
-            a[:, :, rows, (i - 1) * k:i * k] = at(lower, i)
-        if i < N - 1:
-            a[:, :, rows, (i + 1) * k:(i + 2) * k] = at(upper, i)
-    return a
-
-
-def dense_solve(lower, diag, upper, b, transposed):
-    """x (P, N, Q, k, m) by np.linalg.solve of the assembled (transposed) matrices, and cond(A)
-    of every system (P, Q)."""
-    P_, N, Q_, k, m = b.shape
-    a = dense(lower, diag, upper, N)
-    if transposed:
-        a = np.swapaxes(a, -1, -2)
-    rhs = np.moveaxis(b, 2, 1).reshape(P_, Q_, N * k, m)
-    x = np.linalg.solve(a, rhs).reshape(P_, Q_, N, k, m)
-    return np.moveaxis(x, 1, 2), np.linalg.cond(a)
-
-
-def assert_close(actual, expected, tol, cond):
-    """|actual - expected| <= tol * eps * cond * max|expected| in every system (P, ·, Q)."""
-    assert actual.shape == expected.shape
-    assert np.all(np.isfinite(actual)), "non-finite values"
-    eps = np.finfo(actual.dtype).eps
-    axes = (1, 3, 4)
-    scale = np.maximum(np.max(np.abs(expected), axis=axes), 1e-30)
-    err = np.max(np.abs(actual - expected), axis=axes) / scale / (eps * np.maximum(cond, 1))
-    assert err.max() <= tol, f"error {err.max():.1f} eps * cond > {tol} eps * cond"
-
-
-def check(k, N, m, dtype, kind, transposed, *, tiles=None, **problem_options):
-    operands = problem(k, N, m, dtype, kind, **problem_options)
-    options = dict(kind=kind, transposed=transposed, out_dtype=np.dtype(dtype))
-    x = pallas(*operands, tiles=tiles, **options)
-    assert x.dtype == np.dtype(dtype) and x.shape == operands[3].shape
-    ref, cond = dense_solve(*operands, transposed)
-    assert_close(x, xla(*operands, **options), TOL_XLA, cond)
-    assert_close(x, ref, TOL_DENSE, cond)
-
-
-# --- interpret mode against dense solves and the XLA formulation ------------------------------
 
 F32, F64, C64 = np.float32, np.float64, np.complex64
-CASES = [  # k, N, m, dtype, kind, transposed: every k, N, m, dtype and kind, both orientations
-    # (k = 8 once: its interpret-mode program alone takes seconds to compile)
-    (1, 33, 1, F64, "block", False),
-    (1, 5, 2, C64, "block_pivoted", True),
-    (1, 2, 1, F32, "block_hermitian", False),
-    (2, 33, 2, F64, "block_pivoted", False),
-    (2, 1, 1, C64, "block_hermitian", True),
-    (2, 5, 1, F32, "block", True),
-    (3, 33, 1, F64, "block_hermitian", False),
-    (3, 2, 2, F64, "block_pivoted", True),
-    (3, 5, 2, C64, "block", False),
-    (4, 5, 2, F32, "block_pivoted", True),
-    (4, 33, 1, F64, "block", True),
-    (4, 2, 1, C64, "block_hermitian", False),
-    (8, 5, 2, F32, "block_hermitian", True),
-]
 
 
-@pytest.mark.parametrize("k,N,m,dtype,kind,transposed", CASES)
-def test_matches_dense_and_xla(k, N, m, dtype, kind, transposed):
-    check(k, N, m, dtype, kind, transposed, seed=k + N)
+class TestPallasInterpret(BlockKernelContract):
+    BITWISE_TWIN = False
+    # Every k, N, m, dtype and kind, both orientations (k = 8 once).
+    SYSTEMS = [
+        (1, 33, 1, F64, "block", False),
+        (1, 5, 2, C64, "block_pivoted", True),
+        (1, 2, 1, F32, "block_hermitian", False),
+        (2, 33, 2, F64, "block_pivoted", False),
+        (2, 1, 1, C64, "block_hermitian", True),
+        (2, 5, 1, F32, "block", True),
+        (3, 33, 1, F64, "block_hermitian", False),
+        (3, 2, 2, F64, "block_pivoted", True),
+        (3, 5, 2, C64, "block", False),
+        (4, 5, 2, F32, "block_pivoted", True),
+        (4, 33, 1, F64, "block", True),
+        (4, 2, 1, C64, "block_hermitian", False),
+        (8, 5, 2, F32, "block_hermitian", True),
+    ]
+    TWIN_SYSTEMS = SYSTEMS
+    TWIN_LAYOUTS = True
+    LAYOUTS = [(2, 2, F64, (2, 7, 5), "block_pivoted", ("1NQ", "P11", "PN1")),
+               (3, 2, F64, (2, 7, 5), "block_hermitian", ("111", "1NQ", "111"))]
+    DTYPES = [(2, (2, 5, 5), np.float16)]
+    PIVOTING = [(3, (2, 5, 5), False)]
+    SINGULAR = [(2, (2, 5, 5), kind) for kind in ("block", "block_pivoted")]
+    INDEFINITE = [(2, (2, 7, 5), dtype) for dtype in (F64, C64)]
+
+    def solve(self, *operands, **options):
+        return pallas(*operands, **options)
+
+    def batch(self, k, n):
+        return [(2, n, 5)]
+
+    def twin_batch(self, k, n):
+        return [(2, n, 5)]
 
 
-@pytest.mark.parametrize("k,kind,shapes", [
-    (2, "block_pivoted", {"lower": (1, 7, Q), "diag": (P, 1, 1), "upper": (P, 7, 1)}),
-    (3, "block_hermitian", {"lower": (1, 1, 1), "diag": (1, 7, Q), "upper": (1, 1, 1)}),
-])
-def test_broadcast_blocks(k, kind, shapes):
-    # Blocks broadcast along P, N and/or Q are read in place; the references see them whole.
-    check(k, 7, 2, np.float64, kind, True, shapes=shapes, seed=3)
-
-
-@pytest.mark.parametrize("tiles", [(2, 4), (1, 1)])
+@pytest.mark.parametrize("tiles", [(2, 4), (1, 1)], ids=case_id)
 def test_ragged_tiles_along_p_and_q(tiles):
     # P = 3, Q = 6: ragged tiles along both axes (and 1x1 tiles, none ragged); k = 2 loads each
     # block at once, k = 3 (9 entries, not a power of two) in two pieces (8 + 1).
     tiles = Tiles.of_block(*tiles)
-    check(2, 5, 2, np.complex64, "block_pivoted", False, tiles=tiles, P_=3, Q_=6)
-    check(3, 5, 1, np.float64, "block", True, tiles=tiles, P_=3, Q_=6)
-
-
-def test_pivoting_is_needed_and_done():
-    # Diagonal blocks with a zero in the corner: without row swaps the first pivot is 0.
-    k, N = 3, 5
-    lower, diag, upper, b = problem(k, N, 2, np.float64, "block_pivoted", seed=4)
-    diag[:, :, :, 0, 0] = 0
-    options = dict(transposed=False, out_dtype=np.float64)
-    x = pallas(lower, diag, upper, b, kind="block_pivoted", **options)
-    ref, cond = dense_solve(lower, diag, upper, b, False)
-    assert_close(x, ref, TOL_DENSE, cond)
-    assert not np.isfinite(pallas(lower, diag, upper, b, kind="block", **options)).any()
-
-
-@pytest.mark.parametrize("kind", ["block", "block_pivoted"])
-def test_singular_block_stays_in_its_system(kind):
-    # System (1, 3) has a singular first diagonal block (S = diag[0]): it breaks down (inf or
-    # NaN), and no other system does.
-    k, N = 2, 5
-    lower, diag, upper, b = problem(k, N, 1, np.float64, kind, seed=5)
-    diag[1, 0, 3] = [[1, 2], [2, 4]]
-    options = dict(kind=kind, transposed=False, out_dtype=np.float64)
-    x = pallas(lower, diag, upper, b, **options)
-    bad = ~np.isfinite(x)
-    assert bad[1, :, 3].any() and not np.delete(bad[1], 3, axis=1).any() and not bad[0].any()
-    ref, cond = dense_solve(lower, diag, upper, b, False)
-    keep = np.ones((P, Q), bool)
-    keep[1, 3] = False
-    for p, q in zip(*np.nonzero(keep), strict=True):
-        assert_close(x[p:p + 1, :, q:q + 1], ref[p:p + 1, :, q:q + 1], TOL_DENSE,
-                     cond[p:p + 1, q:q + 1])
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
-def test_indefinite_hermitian_gives_nan_in_that_system_only(dtype):
-    k, N = 2, 7
-    lower, diag, upper, b = problem(k, N, 2, dtype, "block_hermitian", seed=6)
-    diag[1, 4, 3] = -diag[1, 4, 3]  # system (1, 3): a negative pivot at block row 4
-    options = dict(kind="block_hermitian", transposed=False, out_dtype=np.dtype(dtype))
-    x = pallas(lower, diag, upper, b, **options)
-    bad = np.isnan(x)
-    np.testing.assert_array_equal(bad, np.isnan(xla(lower, diag, upper, b, **options)))
-    assert bad[1, :, 3].all() and bad.sum() == N * k * 2
-    # The same matrix solved with pivoting has no NaN: only the Hermitian kind refuses it.
-    options["kind"] = "block_pivoted"
-    assert np.isfinite(pallas(lower, diag, upper, b, **options)).all()
-
-
-def test_half_precision_output_and_real_blocks_with_complex_rhs():
-    # bfloat16: eliminated in float32 (y in a float32 work output), x rounded once.
-    operands = problem(2, 5, 2, np.float32, "block_pivoted", seed=7)
-    options = dict(kind="block_pivoted", transposed=True, out_dtype=jnp.bfloat16)
-    x, ref = pallas(*operands, **options), xla(*operands, **options)
-    assert x.dtype == jnp.bfloat16
-    scale = np.abs(ref.astype(np.float32)).max()
-    assert np.abs(x.astype(np.float32) - ref.astype(np.float32)).max() <= 2 ** -8 * scale
-    # Real blocks, complex right-hand sides: the blocks are promoted in the kernel.
-    lower, diag, upper, _ = problem(2, 5, 1, np.float64, "block", seed=8)
-    b = problem(2, 5, 1, np.complex128, "block", seed=9)[3]
-    options = dict(kind="block", transposed=False, out_dtype=np.complex128)
-    x = pallas(lower, diag, upper, b, **options)
-    ref, cond = dense_solve(lower, diag, upper, b, False)
-    assert_close(x, ref, TOL_DENSE, cond)
+    for k, m, dtype, kind, transposed in [(2, 2, np.complex64, "block_pivoted", False),
+                                          (3, 1, np.float64, "block", True)]:
+        operands, clean = problem(kind, (3, 5, 6), k, m, dtype=dtype, seed=1)
+        options = dict(kind=kind, transposed=transposed)
+        got = pallas(*operands, tiles=tiles, **options)
+        check(got, clean, operands[-1], transposed)
+        assert_close(got, xla_solve(*operands, **options), dtype,
+                     condition(clean, operands[-1].shape, transposed))
 
 
 def test_empty_and_invalid():
