@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from helpers import compile_unoptimized, wide
+from helpers import KernelContract, case_id, cases, compile_unoptimized, wide
 
 from tridiax._banded import xla as _xla_banded
 
@@ -274,24 +274,7 @@ def xla_solve(ab, b, *, l, u, kind, transposed, out_dtype=None):
 # The contract.
 
 
-def cases(argnames, attribute):
-    """Parametrize a contract test over `attribute`, a list of cases of the backend's class."""
-    def mark(test):
-        test.cases = (argnames, attribute)
-        return test
-
-    return mark
-
-
-def case_id(value):
-    if isinstance(value, type | np.dtype):
-        return np.dtype(value).name
-    if isinstance(value, tuple):
-        return "x".join(map(str, value))
-    return None
-
-
-class BandedKernelContract:
+class BandedKernelContract(KernelContract):
     """The tests every banded kernel passes. A subclass gives `solve` and may narrow the cases
     (a slow backend) or drop a test by setting it to None (the XLA formulation is not compared
     with itself)."""
@@ -337,11 +320,6 @@ class BandedKernelContract:
     def twin_batch(self, n):
         """The shapes of b each TWIN_SYSTEMS case solves."""
         return [(3, n, 11)]
-
-    def pytest_generate_tests(self, metafunc):
-        if spec := getattr(metafunc.function, "cases", None):
-            argnames, attribute = spec
-            metafunc.parametrize(argnames, getattr(self, attribute), ids=case_id)
 
     def twin(self, ab, b, **options):
         return xla_solve(ab, b, **options)

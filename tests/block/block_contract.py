@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.linalg.lapack
-from helpers import compile_unoptimized, wide
+from helpers import KernelContract, cases, compile_unoptimized, wide
 
 from tridiax._block import xla as _xla_block
 
@@ -268,28 +268,11 @@ def xla_solve(lower, diag, upper, b, *, kind, transposed, out_dtype=None, optimi
 # The contract.
 
 
-def cases(argnames, attribute):
-    """Parametrize a contract test over `attribute`, a list of cases of the backend's class."""
-    def mark(test):
-        test.cases = (argnames, attribute)
-        return test
-
-    return mark
-
-
-def case_id(value):
-    if isinstance(value, type | np.dtype):
-        return np.dtype(value).name
-    if isinstance(value, tuple):
-        return "x".join(map(str, value))
-    return None
-
-
 def _lanes(k):
     return 11 if k <= 4 else 5  # dense solves of 16 x 33 block rows take a while
 
 
-class BlockKernelContract:
+class BlockKernelContract(KernelContract):
     """The tests every block-tridiagonal kernel passes. A subclass gives `solve` and may narrow
     the cases (a slow backend) or drop a test by setting it to None (the XLA formulation is not
     compared with itself)."""
@@ -338,11 +321,6 @@ class BlockKernelContract:
     def twin_batch(self, k, n):
         """The shapes (P, N, Q) of b each TWIN_SYSTEMS case solves."""
         return [(2, n, 19), (19, n, 1)]
-
-    def pytest_generate_tests(self, metafunc):
-        if spec := getattr(metafunc.function, "cases", None):
-            argnames, attribute = spec
-            metafunc.parametrize(argnames, getattr(self, attribute), ids=case_id)
 
     def twin(self, *operands, **options):
         return xla_solve(*operands, **options)

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from block_contract import BlockKernelContract, assert_close, case_id, check, condition, problem, xla_solve
-from helpers import compile_unoptimized, triton_kernels
+from block_contract import BlockKernelContract, assert_close, check, condition, problem, xla_solve
+from helpers import case_id, compile_unoptimized, triton_kernels
 
 from tridiax._block import pallas_triton as _pallas_block
 from tridiax._block import xla as _xla_block

@@ -310,3 +310,31 @@ class BackendContract:
         dtypes = getattr(metafunc.function, "dtypes", None)
         if dtypes is not None:
             metafunc.parametrize("dtype", [t for t in dtypes if self.runs(t)], ids=dtype_id)
+
+
+def cases(argnames, attribute):
+    """Parametrize a test of a `KernelContract` over `attribute`, a list of cases the backend's
+    class holds (so that a slow backend can narrow them)."""
+    def mark(test):
+        test.cases = (argnames, attribute)
+        return test
+
+    return mark
+
+
+def case_id(value):
+    if isinstance(value, type | np.dtype):
+        return np.dtype(value).name
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    return None
+
+
+class KernelContract:
+    """The base of a kernel's contract whose tests take their cases from class attributes
+    (`cases`): each backend's subclass runs the cases it holds."""
+
+    def pytest_generate_tests(self, metafunc):
+        if spec := getattr(metafunc.function, "cases", None):
+            argnames, attribute = spec
+            metafunc.parametrize(argnames, getattr(self, attribute), ids=case_id)
