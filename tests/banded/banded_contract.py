@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from helpers import KernelContract, case_id, cases, compile_unoptimized, wide
+from helpers import KernelContract, assert_within_condition, case_id, cases, compile_unoptimized, wide
 
 from tridiax._banded import xla as _xla_banded
 
@@ -223,29 +223,10 @@ def condition(clean, l, u, shape, transposed=False):
     return np.broadcast_to(cond, (P, Q))
 
 
-def epsilons(dtype):
-    """eps of `dtype` and of the dtype it is solved in (float32 for half precision)."""
-    dtype = np.dtype(dtype)
-    work = np.float32 if dtype.itemsize == 2 else dtype
-    return float(jnp.finfo(dtype).eps), float(jnp.finfo(work).eps)
-
-
 def assert_close(got, want, dtype, cond):
     """In every system (P, :, Q): max |got - want| <= (eps + FACTOR eps_work cond) max |want|,
     eps of `dtype`, eps_work of the dtype solved in, cond (P, Q) of each system."""
-    got = np.asarray(got)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.all(np.isfinite(got)), "non-finite entries"
-    if not want.size:
-        return
-    got = got.astype(np.result_type(want, np.float64))
-    eps, work = epsilons(dtype)
-    scale = np.maximum(np.max(np.abs(want), axis=1), np.finfo(np.float64).tiny)
-    err = np.max(np.abs(got - want), axis=1) / scale
-    bound = eps + FACTOR * work * np.maximum(cond, 1)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (f"system {worst}: error {err[worst]:.3g} > {bound[worst]:.3g} "
-                                  f"(cond {np.broadcast_to(cond, err.shape)[worst]:.3g})")
+    assert_within_condition(got, want, dtype, cond, axes=1, factor=FACTOR)
 
 
 def check(got, clean, b, l, u, transposed, dtype=None):

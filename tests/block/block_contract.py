@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.linalg.lapack
-from helpers import KernelContract, cases, compile_unoptimized, wide
+from helpers import KernelContract, assert_within_condition, cases, compile_unoptimized, wide
 
 from tridiax._block import xla as _xla_block
 
@@ -211,30 +211,10 @@ def residual(clean, b, x, transposed):
     return float(np.max(np.abs(r)))
 
 
-def epsilons(dtype):
-    """eps of `dtype` and of the dtype it is solved in (float32 for half precision)."""
-    dtype = np.dtype(dtype)
-    work = np.float32 if dtype.itemsize == 2 else dtype
-    return float(jnp.finfo(dtype).eps), float(jnp.finfo(work).eps)
-
-
 def assert_close(got, want, dtype, cond):
     """In every system (P, :, Q): max |got - want| <= (eps + FACTOR eps_work cond) max |want|,
     eps of `dtype`, eps_work of the dtype solved in, cond (P, Q) of each system."""
-    got = np.asarray(got)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.all(np.isfinite(got)), "non-finite entries"
-    if not want.size:
-        return
-    got = got.astype(np.result_type(want, np.float64))
-    eps, work = epsilons(dtype)
-    axes = (1, 3, 4)
-    scale = np.maximum(np.max(np.abs(want), axis=axes), np.finfo(np.float64).tiny)
-    err = np.max(np.abs(got - want), axis=axes) / scale
-    bound = eps + FACTOR * work * np.maximum(cond, 1)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (f"system {worst}: error {err[worst]:.3g} > {bound[worst]:.3g} "
-                                  f"(cond {np.broadcast_to(cond, err.shape)[worst]:.3g})")
+    assert_within_condition(got, want, dtype, cond, axes=(1, 3, 4), factor=FACTOR)
 
 
 def check(got, clean, b, transposed, dtype=None):

@@ -338,3 +338,29 @@ class KernelContract:
         if spec := getattr(metafunc.function, "cases", None):
             argnames, attribute = spec
             metafunc.parametrize(argnames, getattr(self, attribute), ids=case_id)
+
+
+def epsilons(dtype):
+    """eps of `dtype` and of the dtype it is solved in (float32 for half precision)."""
+    dtype = np.dtype(dtype)
+    work = np.float32 if dtype.itemsize == 2 else dtype
+    return float(jnp.finfo(dtype).eps), float(jnp.finfo(work).eps)
+
+
+def assert_within_condition(got, want, dtype, cond, *, axes, factor):
+    """In every system (the entries of `want` along `axes`): max |got - want| <= (eps + factor
+    eps_work cond) max |want|, eps of `dtype`, eps_work of the dtype solved in, cond of each
+    system (the shape left when `axes` are reduced)."""
+    got = np.asarray(got)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.all(np.isfinite(got)), "non-finite entries"
+    if not want.size:
+        return
+    got = got.astype(np.result_type(want, np.float64))
+    eps, work = epsilons(dtype)
+    scale = np.maximum(np.max(np.abs(want), axis=axes), np.finfo(np.float64).tiny)
+    err = np.max(np.abs(got - want), axis=axes) / scale
+    bound = eps + factor * work * np.maximum(cond, 1)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (f"system {worst}: error {err[worst]:.3g} > {bound[worst]:.3g} "
+                                  f"(cond {np.broadcast_to(cond, err.shape)[worst]:.3g})")
