@@ -161,7 +161,9 @@ _SHAPE = re.compile(r"\b(?P<type>[a-z]+\d*)\[(?P<dims>[\d,]*)\](?:\{(?P<layout>[
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<shape>.*?) (?P<opcode>[\w\-]+)\("
                           r"(?P<operands>[^)]*)\)(?P<rest>.*)$")
 _USED_VMEM = re.compile(r'"used_scoped_memory_configs":\[\{"memory_space":"1","offset":"0","size":"(\d+)"')
-_VMEM_LIMIT = re.compile(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"0","size":"(\d+)"')
+# The scoped VMEM a kernel runs under starts past what XLA keeps in VMEM across it (an operand
+# or result it placed there: "offset").
+_VMEM_LIMIT = re.compile(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"\d+","size":"(\d+)"')
 
 
 def padded_bytes(shape: str) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from helpers import dense_solve
 
+import tridiax
 from tridiax import verify
 from tridiax._core import backend as _backend
 from tridiax._pallas import tpu as _tpu
@@ -71,6 +72,56 @@ def test_solve_gradients_match_a_dense_solve():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
 
 
+KINDS = {"pivoted": dict(pivoting=True), "periodic": dict(periodic=True),
+         "periodic_pivoted": dict(periodic=True, pivoting=True)}
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_and_its_gradients_along_every_axis(kind, axis):
+    """Pivoted and periodic solves and their gradients through the TPU kernels, against XLA's
+    loops (the sequential sweeps, in float32 too) and scipy (float64)."""
+    lower, diag, upper, rhs = _bands((5, 40, 6), seed=3)
+    if "pivoted" in kind:  # far from dominant: rows are swapped
+        diag = np.random.default_rng(4).uniform(-1, 1, diag.shape).astype(np.float32)
+    ops = [jnp.asarray(v) for v in (lower, diag, upper, rhs)]
+    weights = jnp.asarray(np.random.default_rng(5).uniform(-1, 1, rhs.shape), jnp.float32)
+
+    def loss(backend):
+        return lambda *a: jnp.sum(weights * jnp.sin(solve(*a, axis=axis, backend=backend,
+                                                          **KINDS[kind])))
+
+    x = solve(*ops, axis=axis, backend=BACKEND, **KINDS[kind])
+    sweep = solve(*ops, axis=axis, backend="xla", **KINDS[kind])
+    exact = verify.reference_solve(*(np.asarray(v, np.float64) for v in ops), axis=axis,
+                                   periodic="periodic" in kind)
+    scale = np.abs(exact).max()
+    assert np.abs(x - exact).max() <= 4 * np.abs(sweep - exact).max() + 1e-6 * scale
+    got = jax.grad(loss(BACKEND), argnums=(0, 1, 2, 3))(*ops)
+    want = jax.grad(loss("xla"), argnums=(0, 1, 2, 3))(*ops)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+
+
+def test_factorization_solves_through_the_tpu_kernels():
+    """Tridiagonal.factor() on the TPU backend: the factors match XLA's, its solves (and the
+    gradient w.r.t. rhs, a transposed factored solve) match the dense solve."""
+    ops = [jnp.asarray(v) for v in _bands((4, 33, 7), seed=6)]
+    matrix = tridiax.Tridiagonal(*ops[:3], axis=1)
+    factors = tridiax.TDMA(backend=BACKEND).factor(matrix)
+    reference = tridiax.TDMA(backend="xla").factor(matrix)
+    for name in ("lower_factor", "inverse_pivots", "upper_factor"):
+        np.testing.assert_allclose(getattr(factors, name), getattr(reference, name), rtol=1e-6,
+                                   atol=1e-6)
+    dense = jnp.moveaxis(dense_solve(*(jnp.moveaxis(v, 1, -1) for v in ops), -1), -1, 1)
+    x, vjp = jax.vjp(factors.solve, ops[3])
+    np.testing.assert_allclose(x, dense, rtol=2e-5, atol=2e-5 * np.abs(dense).max())
+    cotangent = jnp.ones_like(x)
+    (got,) = vjp(cotangent)
+    (want,) = jax.vjp(reference.solve, ops[3])[1](cotangent)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
 def _scan(a, x, *, axis, reverse=False, activation=lambda v: v):
     """An independent reference: lax.scan over the time axis."""
     a, x = (jnp.moveaxis(jnp.broadcast_to(v, np.broadcast_shapes(a.shape, x.shape)), axis, 0)
@@ -116,9 +167,9 @@ def test_operands_in_their_physical_order(monkeypatch):
     monkeypatch.setattr(_tpu, "default_minor_to_major",
                         lambda shape, dtype: tuple(range(len(shape))))  # reversed dimensions
     ops = _bands((6, 33))
-    for axis in (0, 1):
-        x = solve(*ops, axis=axis, backend=BACKEND)
-        want = verify.reference_solve(*ops, axis=axis)
+    for axis, periodic in itertools.product((0, 1), (False, True)):
+        x = solve(*ops, axis=axis, backend=BACKEND, periodic=periodic, pivoting=periodic)
+        want = verify.reference_solve(*ops, axis=axis, periodic=periodic)
         np.testing.assert_allclose(x, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     moved, axis, back = _tpu.in_physical_order([jnp.zeros((6, 33, 2)), jnp.zeros((1, 33, 1))], 1,
                                                jnp.float32)
@@ -159,14 +210,21 @@ def _blocks_moved(monkeypatch, run):
 @pytest.mark.parametrize("shape", [(2, 700, 1030), (300, 600, 1), (13, 300, 5)],
                          ids=["lanes", "transposed", "sublanes"])
 def test_every_block_moves_once(shape, monkeypatch):
-    """The solve's grid walks each group's chunks forward then backward: its inputs stay on the
-    last chunk while x is written, and x on the last chunk while the inputs are read."""
+    """The solve's grid walks each group's chunks forward then backward (and forward again,
+    periodic kinds): its inputs stay on the last chunk while x is written, and x on the chunk
+    it writes first while the inputs are read. The factorization's grid walks them once."""
     ops = [jnp.zeros(shape, jnp.float32)] * 4
-    moved, outputs = _blocks_moved(monkeypatch, lambda: tpu_thomas.solve_pnq(
-        *ops, transposed=False, out_dtype=jnp.float32))
-    assert outputs == 1
+    for kind in tpu_thomas.KINDS:
+        moved, outputs = _blocks_moved(monkeypatch, lambda: tpu_thomas.solve_pnq(
+            *ops, transposed=False, out_dtype=jnp.float32, kind=kind))
+        assert outputs == 1
+        for changes, distinct in moved:
+            assert changes == distinct, kind  # no block read (written) twice
+    moved, outputs = _blocks_moved(monkeypatch, lambda: tpu_thomas.factor_pnq(
+        *ops[:3], out_dtype=jnp.float32))
+    assert outputs == 3
     for changes, distinct in moved:
-        assert changes == distinct  # no block read (written) twice
+        assert changes == distinct
     for reverse in (False, True):
         moved, _ = _blocks_moved(monkeypatch, lambda: tpu_recurrence.recurrence_pnq(
             ops[0], ops[1], ops[2][:, :1], reverse=reverse, shifted=False, activation=None,

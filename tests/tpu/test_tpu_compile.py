@@ -80,8 +80,12 @@ def _grad(f, argnums):
     return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) ** 2), argnums=argnums)
 
 
-def _solve(axis):
-    return lambda *a: tridiax.solve_tridiagonal(*a, axis=axis)
+def _solve(axis, **kinds):
+    return lambda *a: tridiax.solve_tridiagonal(*a, axis=axis, **kinds)
+
+
+def _factors(factorization):
+    return factorization.lower_factor, factorization.inverse_pivots, factorization.upper_factor
 
 
 # name: (function, argument specs, kernels it must compile to, forward: its floor is the bytes
@@ -101,6 +105,20 @@ ENTRY_POINTS = {
     # long systems: row tiles of fewer sublanes keep their eliminated rows in VMEM
     "solve-long-f32": (_solve(0), [((20000, 1024), "float32")] * 4, 1, True),
     "grad-solve-f32": (_grad(_solve(-1), (0, 1, 2, 3)), [((4096, 1024), "float32")] * 4, 2, False),
+    # the other kinds: one kernel each, the periodic corners and the split read in the kernel
+    "solve-pivoted-f32": (_solve(0, pivoting=True), [((1000, 4096), "float32")] * 4, 1, True),
+    "solve-pivoted-batch-first-ragged-bf16": (_solve(-1, pivoting=True),
+                                              [((1030, 999), "bfloat16")] * 4, 1, True),
+    "solve-periodic-middle-axis-bf16": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=1),
+                                        [((8, 1000, 512), "bfloat16")] * 4, 1, True),
+    "solve-periodic-pivoted-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0, pivoting=True),
+                                   [((1000, 4096), "float32")] * 4, 1, True),
+    "grad-periodic-f32": (_grad(lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=-1), (0, 1, 2, 3)),
+                          [((4096, 1024), "float32")] * 4, 2, False),
+    "factor-f32": (lambda *a: _factors(tridiax.TDMA().factor(tridiax.Tridiagonal(*a, axis=0))),
+                   [((1000, 4096), "float32")] * 3, 1, True),
+    "factored-solve-f32": (lambda *a: tridiax.TDMA().factor(tridiax.Tridiagonal(*a[:3], axis=0)).solve(a[3]),
+                           [((1000, 4096), "float32")] * 4, 2, False),
     "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, False),
     "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
     "recurrence-batch-first-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
@@ -191,10 +209,10 @@ def test_gradient_kernels_move_each_array_once():
     recurrence (IndRNN's backward reads its slope-scaled operands, materialized by XLA)."""
     _require_harness()
     reports = _reports(V5E, tuple(ENTRY_POINTS))
-    for name in ("grad-solve-f32", "grad-recurrence-f32", "grad-indrnn-tanh-f32"):
+    for name in ("grad-solve-f32", "grad-periodic-f32", "grad-recurrence-f32", "grad-indrnn-tanh-f32"):
         _, specs, _, _ = ENTRY_POINTS[name]
         array = max(math.prod(s) * np.dtype(jnp.dtype(d)).itemsize for s, d in specs)
-        arrays = 5 if "solve" in name else 3
+        arrays = 3 if "recurrence" in name or "indrnn" in name else 5
         for k in reports[name].kernels:
             assert k.operand_bytes + k.result_bytes <= FLOOR_FACTOR * arrays * array, (name, k)
 

@@ -1,6 +1,7 @@
 """The Pallas TPU kernels run in TPU interpret mode (TPU semantics on CPU, VMEM starting as
-NaNs), against independent references: `tridiax.verify.sequential_solve` (the Thomas sweep
-in NumPy, every operation rounded in float32) for solves, a NumPy loop for recurrences.
+NaNs), against independent references: `tridiax.verify.sequential_solve` (the sweep of every
+kind in NumPy, every operation rounded in float32) for solves, NumPy loops for the factors
+and recurrences.
 
 Every case names the layout it exercises (`_pallas/tpu.py`) and checks the kernel chose it;
 ragged sizes cover N = 1, 2, 3, odd N, chunks whose last one holds a single row, groups of
@@ -136,6 +137,110 @@ def test_narrow_row_tiles_and_the_fallback_for_long_systems(monkeypatch):
     assert not tpu_thomas.fits(P, N, Q, F32)
     x = tpu_thomas.solve_pnq(*ops, transposed=False, out_dtype=F32, interpret=_tpu.interpret_params())
     _close(x, want, F32)
+    corners = [ops[0].at[:, 0].set(0.5), ops[1], ops[2].at[:, -1].set(-0.25), ops[3]]
+    for kind in ("pivoted", "periodic_pivoted"):  # the pivoted kinds' fallbacks too
+        assert not tpu_thomas.fits(P, N, Q, F32, kind=kind)
+        x = tpu_thomas.solve_pnq(*corners, transposed=True, out_dtype=F32, kind=kind)
+        _as_accurate_as_the_sweep(x, corners, kind=kind, transposed=True, dtype=F32)
+
+
+# (kind, layout, P, N, Q, dtype, transposed): every kind beside "thomas" (above), each in every
+# layout, with several chunks (the last one ragged, or a single row), N = 1, 2, 3, half
+# precision and the transposed solve.
+KIND_CASES = [
+    ("pivoted", "lanes", 1, 300, 1200, BF16, True),
+    ("pivoted", "sublanes", 13, 37, 5, F32, False),
+    ("pivoted", "sublanes", 1, 513, 1, F32, True),
+    ("pivoted", "transposed", 129, 257, 1, F32, False),
+    ("pivoted", "lanes", 3, 1, 128, F32, True),
+    ("pivoted", "sublanes", 9, 2, 129, F32, True),
+    ("periodic", "lanes", 1, 300, 1200, F32, True),
+    ("periodic", "sublanes", 13, 37, 5, BF16, False),
+    ("periodic", "sublanes", 1, 513, 1, F32, True),
+    ("periodic", "transposed", 129, 257, 1, F32, False),
+    ("periodic", "sublanes", 5, 3, 1, F32, True),
+    ("periodic_pivoted", "lanes", 1, 300, 1200, F32, False),
+    ("periodic_pivoted", "sublanes", 13, 37, 5, F32, True),
+    ("periodic_pivoted", "transposed", 129, 257, 1, BF16, True),
+    ("periodic_pivoted", "sublanes", 1, 513, 1, F32, False),
+    ("periodic_pivoted", "sublanes", 5, 3, 1, F32, False),
+]
+
+
+def _sweep(bands, *, kind, transposed, dtype):
+    """`verify.sequential_solve` of the operands' values (the bands of A^T when `transposed`)
+    in `dtype` (float32: the sweep every kernel runs; float64: the exact answer)."""
+    lower, diag, upper, rhs = (np.asarray(v.astype(jnp.float32)).astype(dtype) for v in bands)
+    if transposed:
+        lower, upper = np.roll(upper, 1, axis=1), np.roll(lower, -1, axis=1)
+    return verify.sequential_solve(lower, diag, upper, rhs, axis=1, dtype=dtype,
+                                   periodic="periodic" in kind, pivoting="pivoted" in kind)
+
+
+def _as_accurate_as_the_sweep(got, bands, *, kind, transposed, dtype):
+    """The kernel's error against the exact answer is within a few times that of the float32
+    sequential sweep (rounded to `dtype`), system by system at its worst: the pivoted kinds
+    run on matrices far from diagonally dominant, whose errors are set by their conditioning."""
+    exact = _sweep(bands, kind=kind, transposed=transposed, dtype=np.float64)
+    sweep = np.asarray(jnp.asarray(_sweep(bands, kind=kind, transposed=transposed,
+                                          dtype=np.float32)).astype(dtype).astype(jnp.float32))
+    got = np.asarray(jnp.asarray(got).astype(jnp.float32))
+    assert np.all(np.isfinite(got)), "non-finite values in the kernel's result"
+    scale = np.max(np.abs(exact), axis=1) + 1e-30
+    errors = [np.max(np.max(np.abs(x - exact), axis=1) / scale) for x in (got, sweep)]
+    eps = float(jnp.finfo(dtype).eps)
+    assert errors[0] <= 4 * errors[1] + 4 * eps, f"error {errors[0]:.3g}, the sweep's {errors[1]:.3g}"
+
+
+@pytest.mark.parametrize("case", KIND_CASES, ids=[f"{c[0]}-{i}" for c, i in
+                                                  zip(KIND_CASES, _ids([c[1:] for c in KIND_CASES]), strict=True)])
+def test_every_kind_every_layout(case):
+    kind, layout, P, N, Q, dtype, transposed = case
+    assert _tpu.choose_layout(P, Q) == layout
+    rng = np.random.default_rng(P * 1000 + N)
+    bands = list(_bands(rng, [(P, N, Q)] * 4, dtype))
+    if "periodic" in kind:  # the corners are read: draw them
+        bands[0] = bands[0].at[:, 0].set(_draw(rng, (P, Q), dtype))
+        bands[2] = bands[2].at[:, -1].set(_draw(rng, (P, Q), dtype))
+    if "pivoted" in kind:  # far from dominant: rows are swapped
+        bands[1] = _draw(rng, (P, N, Q), dtype)
+    x = tpu_thomas.solve_pnq(*bands, transposed=transposed, out_dtype=dtype, kind=kind,
+                             interpret=_tpu.interpret_params())
+    assert x.shape == (P, N, Q) and x.dtype == dtype
+    _as_accurate_as_the_sweep(x, bands, kind=kind, transposed=transposed, dtype=dtype)
+
+
+def _numpy_factors(lower, diag, upper):
+    """(l, m, c') of A = L D V along axis 1 in float32 NumPy (`_xla.factor_sweep` states them)."""
+    lower, diag, upper = (np.asarray(v.astype(jnp.float32)) for v in (lower, diag, upper))
+    shape = np.broadcast_shapes(lower.shape, diag.shape, upper.shape)
+    lower, diag, upper = (np.broadcast_to(v, shape) for v in (lower, diag, upper))
+    factors = np.zeros((3, *shape), np.float32)
+    p_prev = c_prev = None
+    for i in range(shape[1]):
+        p = diag[:, i] if i == 0 else diag[:, i] - lower[:, i] * c_prev
+        c = upper[:, i] / p if i < shape[1] - 1 else np.zeros_like(p)
+        factors[0, :, i] = 0 if i == 0 else lower[:, i] / p_prev
+        factors[1, :, i], factors[2, :, i] = 1 / p, c
+        p_prev, c_prev = p, c
+    return factors
+
+
+@pytest.mark.parametrize("case", SOLVE_CASES[:8], ids=_ids(SOLVE_CASES[:8]))
+def test_factor_and_the_factored_solve_every_layout(case):
+    """The factors against a NumPy loop; the factored solve (A^T's too) of float32 factors
+    against the sweep of the bands they came from."""
+    layout, P, N, Q, dtype, transposed = case
+    rng = np.random.default_rng(P * 1000 + N + 1)
+    bands = _bands(rng, [(P, N, Q)] * 4, dtype)
+    factors = tpu_thomas.factor_pnq(*bands[:3], out_dtype=dtype, interpret=_tpu.interpret_params())
+    for got, want in zip(factors, _numpy_factors(*bands[:3]), strict=True):
+        assert got.shape == (P, N, Q) and got.dtype == dtype
+        _close(got, np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32)), dtype)
+    factors = tpu_thomas.factor_pnq(*bands[:3], out_dtype=F32, interpret=_tpu.interpret_params())
+    x = tpu_thomas.solve_pnq(*factors, bands[3], transposed=transposed, out_dtype=dtype,
+                             kind="factored", interpret=_tpu.interpret_params())
+    _close(x, _reference_solve(*bands, transposed=transposed, dtype=dtype), dtype)
 
 
 def _reference_recurrence(a, x, h0, *, reverse, shifted, activation, final_only):

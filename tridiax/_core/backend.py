@@ -13,8 +13,9 @@
 |                    |                                                      | measured against Triton     |
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
 | "pallas_tpu"       | Pallas Mosaic TPU kernels `<family>/pallas_tpu.py`   | TPUs; float32, bfloat16 and |
-|                    | (plain solves, recurrences: identity, relu, tanh);   | float16 (computed in        |
-|                    | other kinds, banded and block solves run XLA's loops | float32)                    |
+|                    | (every tridiagonal kind, the factorization,          | float16 (computed in        |
+|                    | recurrences: identity, relu, tanh); banded and block | float32)                    |
+|                    | solves run XLA's loops                               |                             |
 | "pallas_tpu_       | the Pallas TPU kernels, interpreted (tests)          | anywhere, when asked for    |
 |  interpret"        |                                                      |                             |
 
@@ -308,7 +309,7 @@ def kernels(backend: str) -> Kernels:
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend in ("pallas_tpu", "pallas_tpu_interpret"):
-        return _tpu_kernels(backend, composed, _xla_thomas, _xla_banded, _xla_block)
+        return _tpu_kernels(backend, composed, _xla_banded, _xla_block)
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -328,9 +329,9 @@ def kernels(backend: str) -> Kernels:
                     stack=backend != "pallas_triton")
 
 
-def _tpu_kernels(backend: str, composed, xla_thomas, xla_banded, xla_block) -> Kernels:
-    """The Pallas TPU kernels: plain solves (transposed too) and recurrences; every other kind,
-    the factorization, banded and block solves run XLA's loops (no TPU kernel yet)."""
+def _tpu_kernels(backend: str, composed, xla_banded, xla_block) -> Kernels:
+    """The Pallas TPU kernels: every tridiagonal kind (transposed too), the factorization and
+    the recurrences; banded and block solves run XLA's loops (no TPU kernel yet)."""
     from .._recurrence import pallas_tpu as _tpu_recurrence
     from .._tridiagonal import pallas_tpu as _tpu_thomas
 
@@ -341,15 +342,15 @@ def _tpu_kernels(backend: str, composed, xla_thomas, xla_banded, xla_block) -> K
 
     def solve(l, d, u, b, *, transposed, out_dtype, kind="thomas", tiling=None):
         del tiling
-        if kind != "thomas":
-            return xla_thomas.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
-                                        kind=kind)
         return _tpu_thomas.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype,
-                                     interpret=interpret)
+                                     kind=kind, interpret=interpret)
+
+    def factor(l, d, u, *, out_dtype, tiling=None):
+        del tiling
+        return _tpu_thomas.factor_pnq(l, d, u, out_dtype=out_dtype, interpret=interpret)
 
     def recurrence(a, x, h0, *, tiling=None, **kwargs):
         del tiling
         return _tpu_recurrence.recurrence_pnq(a, x, h0, interpret=interpret, **kwargs)
 
-    return composed(solve, recurrence, _ignoring_tiling(xla_thomas.factor_pnq),
-                    xla_banded.solve_pnq, xla_block.solve_pnq)
+    return composed(solve, recurrence, factor, xla_banded.solve_pnq, xla_block.solve_pnq)

@@ -1,27 +1,48 @@
-"""The tridiagonal (Thomas) solve as a Pallas Mosaic TPU kernel over the (P, N, Q) view.
+"""Tridiagonal solves and factorizations as Pallas Mosaic TPU kernels over the (P, N, Q) view.
 
 Row i reads sub[i]*x[i-1] + d[i]*x[i] + sup[i]*x[i+1] = b[i], with sub = l, sup = u, or, when
 `transposed` (the solve that gradients run), sub[i] = u[i-1], sup[i] = l[i+1]: the same
-conventions and the same divisions as `verify.sequential_solve` and the other backends
-(p[i] = d[i] - sub[i]*c'[i-1], c'[i] = sup[i] / p[i], y'[i] = (b[i] - sub[i]*y'[i-1]) / p[i],
-x[i] = y'[i] - c'[i]*x[i+1]), computed in float32.
+conventions, kinds and divisions as `_tridiagonal/xla.py` and `verify.sequential_solve`,
+computed in float32. Kinds (`_tridiagonal/primitive.py`):
+
+- "thomas": p[i] = d[i] - sub[i]*c'[i-1], c'[i] = sup[i] / p[i], y'[i] = (b[i] -
+  sub[i]*y'[i-1]) / p[i]; back substitution x[i] = y'[i] - c'[i]*x[i+1];
+- "factored": (l, m, c') of A = L D V: y[i] = b[i] - sub[i]*y[i-1], x[i] = m[i]*y[i] -
+  c'[i]*x[i+1] (sub, sup: the factors' bands);
+- "periodic": the "thomas" sweep of T' = A - u v^T (`_tridiagonal/periodic.py`: the split
+  gamma from row 0, alpha = l[0], beta = u[N-1]) with z' riding along, then x = y - f z. The
+  transposed solve runs A^T = T'^T + v u^T, the same T' (its split is A's, read at row 0): z
+  = T'^{-T} v, f = (u.y) / (1 + u.z), so no value is needed before the row that holds it
+  (the split of A^T would need u[N-1] at row 0);
+- "pivoted": partial pivoting in LAPACK gtsv's order (`_xla.pivot_step`), U's rows (pivot, U1,
+  U2, y) kept, back substitution x[i] = (y[i] - U1[i]*x[i+1] - U2[i]*x[i+2]) / pivot[i];
+- "periodic_pivoted": "periodic" with T' eliminated by the "pivoted" sweep, z's right-hand side
+  beside b's (one launch, where `_tridiagonal/periodic.py`'s `solve_pivoted` stacks them).
 
 Systems are grouped into row tiles and rows into chunks as `_pallas/tpu.py` describes. The grid
-walks each group's chunks twice, in one pallas_call: steps 0..C-1 eliminate chunk k forward,
-keeping c' and y' of every row in VMEM scratch (the whole system: c' and y' are what the
-backward sweep reads); steps C..2C-1 substitute back from the last chunk to the first and
-write x. The inputs' blocks stay on their last chunk during the backward steps and the output's
-on its last chunk during the forward ones, so Pallas reads every input once and writes x once.
+walks each group's chunks in phases, in one pallas_call: steps 0..C-1 eliminate chunk k
+forward, keeping each row's work values (c' and y'; z' too; U's rows) in VMEM scratch that
+holds the whole system; steps C..2C-1 substitute back from the last chunk to the first and
+write x; a periodic solve walks its chunks a third time to write y - f z once f (which needs
+row 0 of y and z) is known. The inputs' blocks stay on their last chunk after the forward
+phase and the output's on the chunk it writes first until it is written, so Pallas reads every
+input once and writes x once.
 
-The forward sweep forms c'[i-1] at row i (from u[i-1], or l[i] when transposed), so that no
-row reads ahead into the next chunk: c'[i-1] = sup[i-1] / p[i-1] is the quotient of the same
-two values, rounded the same way. Row 0 ignores l[0] (u[N-1] is never read): they may hold
-anything, inf and NaN too.
+No row reads ahead into the next chunk: the forward sweep forms c'[i-1] at row i (from
+u[i-1], or l[i] when transposed; c'[i-1] = sup[i-1] / p[i-1] is the quotient of the same two
+values, rounded the same way), and the pivoted sweep eliminates row i-1 when it reads row i
+(sup[i-1] is l[i] when transposed), the last row after the loop. Row 0 ignores l[0] and u[N-1]
+is never read (periodic solves read them as the corners): they may hold anything, inf and NaN
+too.
 
-The scratch holds 2 * N row tiles, so the row tile narrows (fewer sublanes) as N grows
-(`_tpu.geometry`; float32 in v5e's and v6e's 48 MiB budget: 8 sublanes up to about 5400 rows,
-then 4, 2 and 1, up to about 48000 rows; in the 12 MiB a chip not known gets, 8 sublanes up
-to about 760 rows, 1 up to 11500); longer systems run XLA's loop.
+The scratch holds (work values) x N row tiles, so the row tile narrows (fewer sublanes) as N
+grows (`_tpu.geometry`; a float32 "thomas" solve in v5e's and v6e's 48 MiB budget: 8 sublanes
+up to about 5400 rows, then 4, 2 and 1, up to about 48000 rows; in the 12 MiB a chip not known
+gets, 8 sublanes up to about 760 rows, 1 up to 11500; "pivoted" half as long); longer systems
+run XLA's loop unless the planner splits them into chunks (`fits`).
+
+`factor_pnq` is the "thomas" forward elimination without a right-hand side, writing the
+factors (l, m, c') row by row in one pass (`_tridiagonal/factorization.py`).
 """
 
 from __future__ import annotations
@@ -34,140 +55,404 @@ from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
 from .._pallas import tpu as _tpu
+from . import periodic as _periodic
+from .xla import pivot_step
+
+KINDS = ("thomas", "factored", "periodic", "pivoted", "periodic_pivoted")
+# Float32 scratches of N row tiles each kind keeps from its forward sweep for the backward one.
+_WORK = {"thomas": 2, "factored": 2, "periodic": 3, "pivoted": 4, "periodic_pivoted": 5}
+# Row tiles the forward sweep carries across chunks (the periodic kinds' last three: alpha,
+# gamma, beta, which the third phase reads). The backward one carries at most four.
+_CARRY = {"thomas": 3, "factored": 2, "periodic": 7, "pivoted": 7, "periodic_pivoted": 11}
 
 
-def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, cs_ref, ys_ref, carry_ref, *stages, g, ops,
-            transposed, direct_out):
-    """cs_ref[n] holds c'[n-1] (zero at row 0), ys_ref[n] y'[n], then x[n]; carry_ref the
-    forward sweep's (p, y', u) of the previous row, then the backward sweep's (x, c') of the
-    next one."""
+def _carry_tiles(kind: str) -> int:
+    """Row tiles of the carry scratch: the forward sweep's, and at least the four the backward
+    one carries."""
+    return max(_CARRY[kind], 4)
+
+
+def _pivoting(kind: str) -> bool:
+    return kind in ("pivoted", "periodic_pivoted")
+
+
+def _corners(carry, l_i, d_i, u_i, *, first, last, transposed):
+    """The periodic kinds at one row: the corners and the split (alpha = A[0, N-1], gamma,
+    beta = A[N-1, 0], kept in the carry's last three tiles from the row that holds them),
+    this row's diagonal of T', and z's right-hand side at rows 0 and N-1: u = (gamma, 0, ...,
+    beta), or v = (1, 0, ..., alpha/gamma) for A^T."""
+    alpha = jnp.where(first, l_i, carry[-3])
+    gamma = jnp.where(first, _periodic.split(d_i, l_i, u_i), carry[-2])
+    beta = jnp.where(last, u_i, carry[-1])
+    corr = -alpha * beta / gamma  # d'[N-1] = d[N-1] - alpha*beta/gamma
+    diag = d_i - jnp.where(first, gamma, 0.0) + jnp.where(last, corr, 0.0)
+    ends = (1.0, alpha / gamma) if transposed else (gamma, beta)
+    return (alpha, gamma, beta), diag, ends
+
+
+def _forward_row(kind, transposed, bands, carry, *, first, last):
+    """One row of the unpivoted forward sweeps: (the work values stored at this row, the next
+    carry). `bands`: this row's (l, d, u, b) tiles; `first`, `last`: whether it is row 0
+    (N-1)."""
+    l_i, d_i, u_i, b_i = bands
+    u_prev = carry[{"thomas": 2, "factored": 1, "periodic": 3}[kind]]  # u[i-1]
+    numerator, a = (l_i, u_prev) if transposed else (u_prev, l_i)
+    a = jnp.where(first, 0.0, a)
+    if kind == "factored":
+        y_prev = carry[0]
+        y = b_i - a * y_prev
+        return (jnp.where(first, 0.0, numerator), d_i * y), (y, u_i)
+    p_prev, y_prev = carry[0], carry[1]
+    c_prev = jnp.where(first, 0.0, numerator / p_prev)  # c'[i-1]
+    if kind == "thomas":
+        p = d_i - a * c_prev
+        y = (b_i - a * y_prev) / p
+        return (c_prev, y), (p, y, u_i)
+    corners, diag, (start, end) = _corners(carry, l_i, d_i, u_i, first=first, last=last,
+                                           transposed=transposed)
+    p = diag - a * c_prev
+    y = (b_i - a * y_prev) / p
+    z = (jnp.where(first, start, jnp.where(last, end, 0.0)) - a * carry[2]) / p
+    return (c_prev, y, z), (p, y, z, u_i, *corners)
+
+
+def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
+    """The pivoted sweeps at row r: eliminate row r-1 (U's row r-2 stored at local row
+    `target`, clamped to row 0 while r < 2: stores there are rewritten), or start the pending
+    row from row 0 (r == 1). Carry: the pending row (a, c and a right-hand side each: b, and
+    z's for periodic systems), row r-1's (sub, d, b, u), the corners (periodic)."""
+    l_i, d_i, u_i, b_i = bands
+    periodic = _periodic.is_periodic(kind)
+    rhs = 2 if periodic else 1
+    pending = carry[:2 + rhs]
+    sub_prev, d_prev, b_prev, u_prev = carry[2 + rhs:6 + rhs]
+    sub = u_prev if transposed else l_i
+    sup_prev = l_i if transposed else u_prev  # row r-1's super-diagonal
+    corners, diag = (), d_i
+    rhs_prev = (b_prev,)
+    if periodic:
+        corners, diag, (start, _) = _corners(carry, l_i, d_i, u_i, first=r == 0, last=last,
+                                             transposed=transposed)
+        rhs_prev += (jnp.where(r == 1, start, 0.0),)  # row N-1's is eliminated after the loop
+    kept, stepped = pivot_step(pending, sub_prev, d_prev, sup_prev, rhs_prev)
+    for rows, value in zip(work, kept, strict=True):
+        rows.store(target, value)
+    started = (d_prev, sup_prev, *rhs_prev)
+    pending = tuple(jnp.where(r >= 2, s, jnp.where(r == 1, b, p))
+                    for s, b, p in zip(stepped, started, pending, strict=True))
+    return (*pending, sub, diag, b_i, u_i, *corners)
+
+
+def _pivoted_last_rows(g, kind, transposed, work, carry, start):
+    """After the pivoted sweeps' last row: eliminate row N-1 (nothing below it) and keep
+    x[N-1] (and z[N-1]) as a row that back substitution passes through ((y - 0 - 0) / 1)."""
+    rhs = 2 if _periodic.is_periodic(kind) else 1
+    pending = carry[:2 + rhs]
+    sub_last, d_last, b_last = carry[2 + rhs:5 + rhs]
+    zero = jnp.zeros_like(d_last)
+    if g.N == 1:
+        last = (b_last / d_last,)
+    else:
+        rhs_last = (b_last,)
+        if rhs == 2:
+            alpha, gamma, beta = carry[-3:]
+            rhs_last += (alpha / gamma if transposed else beta,)
+        kept, (a, _, *f) = pivot_step(pending, sub_last, d_last, zero, rhs_last)
+        for rows, value in zip(work, kept, strict=True):
+            rows.store(g.N - 2 - start, value)
+        last = tuple(fk / a for fk in f)
+    for rows, value in zip(work, (zero + 1, zero, zero, *last), strict=True):
+        rows.store(g.N - 1 - start, value)
+
+
+def _kernel(*refs, g, ops, kind, transposed, direct_out):
+    """Refs: the bands' blocks (l, d, u, b), x's block, the work scratches (`_WORK`), the
+    carry (`_CARRY` row tiles), the stages of staged operands."""
+    band_refs, (x_ref, *refs) = refs[:4], refs[4:]
+    work_refs, (carry_ref, *stages) = refs[:_WORK[kind]], refs[_WORK[kind]:]
     C = g.chunks
     k = pl.program_id(2)
-    stages = list(stages)
+    tile = functools.partial(jnp.full, g.tile, dtype=jnp.float32)
+
+    def work_rows(j):
+        offset = _tpu.aligned(j * g.rows)
+        return [_tpu.RowRef(g, ref, g.total_rows, offset) for ref in work_refs]
+
+    def load_carry(count):
+        return tuple(carry_ref[n] for n in range(count))
+
+    def store_carry(values):
+        for n, value in enumerate(values):
+            carry_ref[n] = value
 
     @pl.when(k < C)
     def _():
         j = k
         readers = []
-        for op, ref in zip(ops, (l_ref, d_ref, u_ref, b_ref), strict=True):
+        for op, ref in zip(ops, band_refs, strict=True):
             stage = stages.pop(0) if op.kind == "rows" and op.staged else None
             if stage is not None:
                 _tpu.stage_in(g, ref, stage)
             readers.append(_tpu.reader(g, op, ref, stage))
-        lo, di, up, rhs = readers
-        offset = _tpu.aligned(j * g.rows)
-        cs = _tpu.RowRef(g, cs_ref, g.total_rows, offset)
-        ys = _tpu.RowRef(g, ys_ref, g.total_rows, offset)
+        work = work_rows(j)
+        start = j * g.chunk
 
         @pl.when(k == 0)
         def _():
-            carry_ref[0] = jnp.ones(g.tile, jnp.float32)
-            carry_ref[1] = jnp.zeros(g.tile, jnp.float32)
-            carry_ref[2] = jnp.zeros(g.tile, jnp.float32)
+            store_carry([tile(1.0 if n == 0 and kind != "factored" else 0.0)
+                         for n in range(_CARRY[kind])])
 
         def run(count):
             def row(i, carry):
-                p_prev, y_prev, u_prev = carry
-                first = j * g.chunk + i == 0
-                l_i = lo.load(i)
-                numerator, a = (l_i, u_prev) if transposed else (u_prev, l_i)
-                c_prev = jnp.where(first, 0.0, numerator / p_prev)  # c'[i-1]
-                a = jnp.where(first, 0.0, a)
-                p = di.load(i) - a * c_prev
-                y = (rhs.load(i) - a * y_prev) / p
-                cs.store(i, c_prev)
-                ys.store(i, y)
-                return p, y, up.load(i)
+                r = start + i
+                bands = [reader.load(i) for reader in readers]
+                if _pivoting(kind):
+                    return _pivoted_row(kind, transposed, bands, carry, work, r=r,
+                                        target=i - jnp.minimum(r, 2), last=r == g.N - 1)
+                values, after = _forward_row(kind, transposed, bands, carry, first=r == 0,
+                                             last=r == g.N - 1)
+                for rows, value in zip(work, values, strict=True):
+                    rows.store(i, value)
+                return after
 
-            carry = _tpu.loop(count, row, (carry_ref[0], carry_ref[1], carry_ref[2]))
-            for n, value in enumerate(carry):
-                carry_ref[n] = value
+            store_carry(_tpu.loop(count, row, load_carry(_CARRY[kind])))
+            if _pivoting(kind):
+                @pl.when(j == C - 1)
+                def _():
+                    _pivoted_last_rows(g, kind, transposed, work, load_carry(_CARRY[kind]),
+                                       start)
 
         _tpu.over_rows(g, j, run)
 
-    @pl.when(k >= C)
+    @pl.when(jnp.logical_and(k >= C, k < 2 * C))
     def _():
         j = 2 * C - 1 - k
-        offset = _tpu.aligned(j * g.rows)
-        cs = _tpu.RowRef(g, cs_ref, g.total_rows, offset)
-        ys = _tpu.RowRef(g, ys_ref, g.total_rows, offset)
-        out = _tpu.RowRef(g, x_ref.at[0], g.rows) if direct_out else ys
+        work = work_rows(j)
+        if _periodic.is_periodic(kind):
+            out = None  # y and z stay in their scratches for the third phase
+        elif direct_out:
+            out = _tpu.RowRef(g, x_ref.at[0], g.rows)
+        else:
+            out = work[-1]  # x overwrites y (in place: each row is read before it is written)
 
         @pl.when(k == C)
         def _():
-            carry_ref[0] = jnp.zeros(g.tile, jnp.float32)
-            carry_ref[1] = jnp.zeros(g.tile, jnp.float32)
+            store_carry([tile(0.0)] * 4)
 
         def run(count):
-            def row(i, carry):
-                x_next, c_next = carry
-                x = ys.load(i) - c_next * x_next
-                out.store(i, x)
-                return x, cs.load(i)
+            if _pivoting(kind):
+                pivot, u1, u2, *vectors = work
 
-            carry = _tpu.loop(count, row, (carry_ref[0], carry_ref[1]), reverse=True)
-            carry_ref[0], carry_ref[1] = carry
+                def row(i, carry):
+                    after = []
+                    for n, v in enumerate(vectors):  # x[i+1], x[i+2] of each right-hand side
+                        x1, x2 = carry[2 * n:2 * n + 2]
+                        x = (v.load(i) - u1.load(i) * x1 - u2.load(i) * x2) / pivot.load(i)
+                        (v if out is None else out).store(i, x)
+                        after += [x, x1]
+                    return tuple(after)
+            else:
+                cs, *vectors = work
+
+                def row(i, carry):
+                    *after, c_next = carry
+                    for n, v in enumerate(vectors):
+                        after[n] = v.load(i) - c_next * after[n]
+                        (v if out is None else out).store(i, after[n])
+                    return (*after, cs.load(i))
+            rhs = len(vectors)
+            carry = load_carry(2 * rhs if _pivoting(kind) else rhs + 1)
+            store_carry(_tpu.loop(count, row, carry, reverse=True))
 
         _tpu.over_rows(g, j, run)
-        if not direct_out:
-            _tpu.stage_out(g, ys, x_ref)
+        if out is not None and not direct_out:
+            _tpu.stage_out(g, out, x_ref)
+
+    if _periodic.is_periodic(kind):
+        @pl.when(k >= 2 * C)
+        def _():
+            j = k - 2 * C
+            ys, zs = work_rows(j)[-2:]
+
+            @pl.when(k == 2 * C)
+            def _():  # f, before x overwrites y (a staged output is written into y's scratch)
+                everything = [_tpu.RowRef(g, ref, g.total_rows) for ref in work_refs[-2:]]
+                alpha, gamma, beta = (carry_ref[n] for n in range(_CARRY[kind] - 3, _CARRY[kind]))
+                # f = (v.y) / (1 + v.z), or (u.y) / (1 + u.z) for A^T
+                first, last = (gamma, beta) if transposed else (1.0, alpha / gamma)
+                (y0, z0), (yl, zl) = ([v.load(i) for v in everything] for i in (0, g.N - 1))
+                carry_ref[0] = (first * y0 + last * yl) / (1 + first * z0 + last * zl)
+
+            f = carry_ref[0]
+            out = _tpu.RowRef(g, x_ref.at[0], g.rows) if direct_out else ys
+
+            def run(count):
+                def row(i, _):
+                    out.store(i, ys.load(i) - f * zs.load(i))
+                    return 0
+
+                _tpu.loop(count, row, 0)
+
+            _tpu.over_rows(g, j, run)
+            if not direct_out:
+                _tpu.stage_out(g, ys, x_ref)
 
 
-def _plan(P, N, Q, operands, out_dtype, budget=None):
+def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
     """The geometry of a solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`)."""
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
         staged = sum(op.kind == "rows" and op.staged for op in ops)
-        return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands)],
-                              stages=staged, scratch_rows=2 * g.total_rows + 3,
+        sizes = [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)]
+        return _tpu.vmem_need(g, sizes, stages=staged,
+                              scratch_rows=_WORK[kind] * g.total_rows + _carry_tiles(kind),
                               outputs=[jnp.dtype(out_dtype).itemsize])
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
 
-def fits(P: int, N: int, Q: int, dtype, budget=None) -> bool:
+def fits(P: int, N: int, Q: int, dtype, *, kind: str = "thomas", budget=None) -> bool:
     """Whether a solve of (P, N, Q) systems fits `budget` bytes of VMEM (all its operands
     full; None: `_tpu.VMEM_BUDGET`)."""
     operands = [jax.ShapeDtypeStruct((P, N, Q), dtype)] * 4
-    return _plan(P, N, Q, operands, dtype, budget) is not None
+    return _plan(P, N, Q, operands, dtype, kind=kind, budget=budget) is not None
 
 
-def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, interpret=None):
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", interpret=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q) of `out_dtype`.
-    `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU.
-    Systems too long for VMEM
-    (`fits`) are solved by XLA's loop."""
+    `kind`: one of KINDS (module docstring; the periodic kinds need N >= 3). `interpret`: Pallas's
+    interpret mode (`pltpu.InterpretParams`, or True) to run on CPU. Systems too long for
+    VMEM (`fits`) are solved by XLA's loop."""
+    if kind not in KINDS:
+        raise ValueError(f"the Pallas TPU solve has no kind {kind!r}; kinds: {KINDS}")
     P, N, Q = broadcast_shape(l, d, u, b)
     out_dtype = jnp.dtype(out_dtype)
     budget = _tpu.vmem()
-    g = _plan(P, N, Q, (l, d, u, b), out_dtype, budget.budget)
+    g = _plan(P, N, Q, (l, d, u, b), out_dtype, kind=kind, budget=budget.budget)
     if g is None:
         from . import xla as _xla
 
-        return _xla.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype)
+        if kind == "periodic_pivoted":
+            pivoted = functools.partial(_xla.sweep, transposed=False, out_dtype=out_dtype,
+                                        kind="pivoted")
+            return _periodic.solve_pivoted(l, d, u, b, axis=1, transposed=transposed,
+                                           pivoted_solve=pivoted)
+        return _xla.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     prepared = [_tpu.prepare(g, v) for v in (l, d, u, b)]
     ops = [op for _, op in prepared]
     direct_out = not _tpu.staged(g, out_dtype)
+    C = g.chunks
 
     def chunk_in(k):
-        return jnp.minimum(k, g.chunks - 1)
+        return jnp.minimum(k, C - 1)
 
     def chunk_out(k):
-        return jnp.clip(2 * g.chunks - 1 - k, 0, g.chunks - 1)
+        if _periodic.is_periodic(kind):  # written by the third phase, first chunk first
+            return jnp.clip(k - 2 * C, 0, C - 1)
+        return jnp.clip(2 * C - 1 - k, 0, C - 1)
 
     inputs = [v for v, _ in prepared]
     in_specs = [_tpu.block_spec(g, op, chunk_in) for op in ops]
     shape = (P, N) if g.layout == "transposed" else (P, N, Q)
     out_spec = _tpu.block_spec(g, _tpu.Operand("rows"), chunk_out)
     vmem = _tpu.pltpu.VMEM
-    scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * 2
-    scratch.append(vmem((3, *g.tile), jnp.float32))
+    scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * _WORK[kind]
+    scratch.append(vmem((_carry_tiles(kind), *g.tile), jnp.float32))
     scratch += [vmem(_tpu.stage_shape(g), jnp.float32)
                 for op in ops if op.kind == "rows" and op.staged]
-    kernel = functools.partial(_kernel, g=g, ops=ops, transposed=transposed,
+    kernel = functools.partial(_kernel, g=g, ops=ops, kind=kind, transposed=transposed,
                                direct_out=direct_out)
+    phases = 3 if _periodic.is_periodic(kind) else 2
     (x,) = _tpu.call(kernel, g, inputs, in_specs, [jax.ShapeDtypeStruct(shape, out_dtype)],
-                     [out_spec], scratch, steps=2 * g.chunks, name="tridiax_thomas_tpu",
+                     [out_spec], scratch, steps=phases * C, name=f"tridiax_{kind}_tpu",
                      vmem_limit=budget.limit, interpret=interpret)
     return x.reshape(P, N, Q)
+
+
+# ---------------------------------------------------------------------------------------------
+# The factorization.
+
+
+def _factor_kernel(l_ref, d_ref, u_ref, lo_ref, m_ref, c_ref, carry_ref, *stages, g, ops,
+                   staged_out):
+    """One pass: l[i] = lower[i] / p[i-1] (0 at row 0), m[i] = 1 / p[i], c'[i] = upper[i] /
+    p[i] (0 at row N-1); the carry holds the previous row's p and c'."""
+    k = pl.program_id(2)
+    stages = list(stages)
+    out_stages = stages[-3:] if staged_out else None
+    readers = []
+    for op, ref in zip(ops, (l_ref, d_ref, u_ref), strict=True):
+        stage = stages.pop(0) if op.kind == "rows" and op.staged else None
+        if stage is not None:
+            _tpu.stage_in(g, ref, stage)
+        readers.append(_tpu.reader(g, op, ref, stage))
+    lo, di, up = readers
+    outputs = (lo_ref, m_ref, c_ref)
+    sinks = ([_tpu.RowRef(g, s, g.rows) for s in out_stages] if staged_out
+             else [_tpu.RowRef(g, ref.at[0], g.rows) for ref in outputs])
+    start = k * g.chunk
+
+    @pl.when(k == 0)
+    def _():
+        carry_ref[0] = jnp.ones(g.tile, jnp.float32)
+        carry_ref[1] = jnp.zeros(g.tile, jnp.float32)
+
+    def run(count):
+        def row(i, carry):
+            p_prev, c_prev = carry
+            r = start + i
+            first = r == 0
+            a = jnp.where(first, 0.0, lo.load(i))
+            p = di.load(i) - a * c_prev
+            c = jnp.where(r == g.N - 1, 0.0, up.load(i) / p)
+            for sink, value in zip(sinks, (jnp.where(first, 0.0, a / p_prev), 1 / p, c),
+                                   strict=True):
+                sink.store(i, value)
+            return p, c
+
+        carry_ref[0], carry_ref[1] = _tpu.loop(count, row, (carry_ref[0], carry_ref[1]))
+
+    _tpu.over_rows(g, k, run)
+    if staged_out:
+        for sink, ref in zip(sinks, outputs, strict=True):
+            _tpu.stage_out(g, sink, ref)
+
+
+def factor_pnq(l, d, u, *, out_dtype, interpret=None):
+    """The factors (l, m, c') of the systems along axis 1 of (P|1, N|1, Q|1) bands, three
+    (P, N, Q) arrays of `out_dtype` (`_xla.factor_sweep` states them)."""
+    P, N, Q = broadcast_shape(l, d, u)
+    out_dtype = jnp.dtype(out_dtype)
+    budget = _tpu.vmem()
+    bands = (l, d, u)
+
+    def need(g):
+        ops = [_tpu.operand(g, v.shape, v.dtype) for v in bands]
+        staged = sum(op.kind == "rows" and op.staged for op in ops)
+        staged += 3 * _tpu.staged(g, out_dtype)
+        return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, bands, strict=True)],
+                              stages=staged, scratch_rows=2, outputs=[out_dtype.itemsize] * 3)
+
+    g = _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget.budget)
+    prepared = [_tpu.prepare(g, v) for v in bands]
+    ops = [op for _, op in prepared]
+    staged_out = _tpu.staged(g, out_dtype)
+
+    def chunk_of(k):
+        return k
+
+    shape = (P, N) if g.layout == "transposed" else (P, N, Q)
+    out_spec = _tpu.block_spec(g, _tpu.Operand("rows"), chunk_of)
+    vmem = _tpu.pltpu.VMEM
+    stage = vmem(_tpu.stage_shape(g), jnp.float32)
+    scratch = [vmem((2, *g.tile), jnp.float32)]
+    scratch += [stage for op in ops if op.kind == "rows" and op.staged]
+    scratch += [stage] * (3 * staged_out)
+    kernel = functools.partial(_factor_kernel, g=g, ops=ops, staged_out=staged_out)
+    factors = _tpu.call(kernel, g, [v for v, _ in prepared],
+                        [_tpu.block_spec(g, op, chunk_of) for op in ops],
+                        [jax.ShapeDtypeStruct(shape, out_dtype)] * 3, [out_spec] * 3, scratch,
+                        steps=g.chunks, name="tridiax_factor_tpu", vmem_limit=budget.limit,
+                        interpret=interpret)
+    return tuple(x.reshape(P, N, Q) for x in factors)

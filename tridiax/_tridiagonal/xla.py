@@ -133,18 +133,22 @@ def pivot_step(pending, l, d, un, b, divide=operator.truediv):
     """One step of elimination with partial pivoting, in LAPACK gtsv's order
     (`verify.sequential_solve(..., pivoting=True)`).
 
-    `pending` = (a, c, f): the pending row's entries in columns i, i+1 and its right-hand
-    side; (l, d, un | b): row i+1 of A (un = 0 past the matrix). The multiplier is a quotient,
-    m = (swap ? a : l) / pivot. Returns U's row i as (pivot, U1, U2, y) (back substitution
-    divides by the pivot) and the next pending row. `divide(x, y)`: the division to use (a
-    kernel's own, `_pallas_tiles.TileRows.divide`)."""
-    a, c, f = pending
+    `pending` = (a, c, f, ...): the pending row's entries in columns i, i+1 and its right-hand
+    sides; (l, d, un | b): row i+1 of A (un = 0 past the matrix), `b` one right-hand side or a
+    tuple of as many as `pending` holds. The multiplier is a quotient, m = (swap ? a : l) /
+    pivot. Returns U's row i as (pivot, U1, U2, y, ...) (back substitution divides by the
+    pivot) and the next pending row. `divide(x, y)`: the division to use (a kernel's own,
+    `_pallas_tiles.TileRows.divide`)."""
+    a, c, *f = pending
+    b = b if isinstance(b, tuple) else (b,)
     swap = magnitude(l) > magnitude(a)
     pivot = select(swap, l, a)
     m = divide(select(swap, a, l), pivot)
     zero = zeros_like(un)
-    kept = (select(swap, d, c), select(swap, un, zero), select(swap, b, f))
-    other = (select(swap, c, d), select(swap, zero, un), select(swap, f, b))
+    kept = (select(swap, d, c), select(swap, un, zero),
+            *(select(swap, bk, fk) for bk, fk in zip(b, f, strict=True)))
+    other = (select(swap, c, d), select(swap, zero, un),
+             *(select(swap, fk, bk) for bk, fk in zip(b, f, strict=True)))
     return (pivot, *kept), tuple(o - m * k for o, k in zip(other, kept, strict=True))
 
 
