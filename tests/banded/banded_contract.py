@@ -12,8 +12,8 @@ rounded once.
 `BandedKernelContract` holds the tests of that contract. Each backend's module subclasses it
 with the hook `solve` and the cases it can afford (the class attributes that
 `pytest_generate_tests` reads): the native C++ kernel (test_banded_native.py), the XLA
-formulation (test_banded_xla.py) and the Pallas kernel in interpret mode
-(test_banded_pallas.py).
+formulation (test_banded_xla.py), the Pallas kernel in interpret mode (test_banded_pallas.py)
+and the Pallas TPU kernel in TPU interpret mode (test_banded_pallas_tpu.py, in float32).
 
 Every problem comes from one generator (`problem`): well-conditioned matrices of each kind,
 with NaN in the entries of `ab` outside the matrix. The references are scipy.linalg.solve_banded
@@ -262,8 +262,12 @@ class BandedKernelContract(KernelContract):
 
     # Whether the backend follows the XLA formulation step for step (compared with it).
     TWIN = True
+    # The dtype of the problems whose dtype a test does not choose, and whether the backend
+    # solves complex systems (a backend without float64 or complex types narrows them).
+    DTYPE = np.float64
+    COMPLEX = True
 
-    # (l, u, kind, n, transposed), float64, each n solved for batch(n) shapes of b.
+    # (l, u, kind, n, transposed), in DTYPE, each n solved for batch(n) shapes of b.
     SYSTEMS = [(l, u, kind, n, t) for l, u in BANDS for kind in KINDS for n in SIZES
                for t in (False, True)]
     # The same, against the XLA formulation, for twin_batch(n).
@@ -308,16 +312,17 @@ class BandedKernelContract(KernelContract):
     # --- the checks themselves ----------------------------------------------------------------
 
     def test_the_checks_can_fail(self):
-        """This backend's answer passes; perturbed by 1e-9, or the answer of A^T instead of A,
-        it fails. The pivoted test matrices need interchanges; the corners hold NaN."""
+        """This backend's answer passes; perturbed by 10^6 eps (2e-10 in float64), or the answer
+        of A^T instead of A, it fails. The pivoted test matrices need interchanges; the corners
+        hold NaN."""
         l, u, kind = 2, 2, "banded_pivoted"
-        ab, b, clean = problem(l, u, kind, (2, 33, 19), seed=3)
+        ab, b, clean = problem(l, u, kind, (2, 33, 19), dtype=self.DTYPE, seed=3)
         cond = condition(clean, l, u, b.shape)
         want = reference(clean, b, l, u, False)
         got = self.solve(ab, b, l=l, u=u, kind=kind, transposed=False)
         assert_close(got, want, b.dtype, cond)
         with pytest.raises(AssertionError):
-            assert_close(got * (1 + 1e-9), want, b.dtype, cond)
+            assert_close(got * (1 + 1e6 * np.finfo(self.DTYPE).eps), want, b.dtype, cond)
         with pytest.raises(AssertionError):
             assert_close(self.solve(ab, b, l=l, u=u, kind=kind, transposed=True), want, b.dtype,
                          cond)
@@ -328,23 +333,23 @@ class BandedKernelContract(KernelContract):
 
     @cases("l, u, kind, n, transposed", "SYSTEMS")
     def test_every_system_against_scipy(self, l, u, kind, n, transposed):
-        """float64 against scipy; whatever the entries outside the matrix hold (NaN from the
-        generator, zero, inf, huge), the answer is the same to the bit."""
+        """Against scipy; whatever the entries outside the matrix hold (NaN from the generator,
+        zero, inf, huge), the answer is the same to the bit."""
         for shape in self.batch(n):
-            ab, b, clean = problem(l, u, kind, shape, seed=n)
+            ab, b, clean = problem(l, u, kind, shape, dtype=self.DTYPE, seed=n)
             options = dict(l=l, u=u, kind=kind, transposed=transposed)
             got = self.solve(ab, b, **options)
             assert got.dtype == b.dtype
             check(got, clean, b, l, u, transposed)
             corners = np.isnan(ab)
-            for fill in ((0.0, np.inf, -1e300) if corners.any() else ()):
+            for fill in ((0.0, np.inf, -np.finfo(ab.dtype).max) if corners.any() else ()):
                 np.testing.assert_array_equal(self.solve(np.where(corners, fill, ab), b, **options),
                                               got, err_msg=f"corners {fill}")
 
     @cases("l, u, kind, n, transposed", "TWIN_SYSTEMS")
     def test_matches_the_xla_formulation(self, l, u, kind, n, transposed):
         for shape in self.twin_batch(n):
-            ab, b, clean = problem(l, u, kind, shape, seed=n + 1)
+            ab, b, clean = problem(l, u, kind, shape, dtype=self.DTYPE, seed=n + 1)
             options = dict(l=l, u=u, kind=kind, transposed=transposed)
             assert_close(self.solve(ab, b, **options), self.twin(ab, b, **options), b.dtype,
                          condition(clean, l, u, b.shape, transposed))
@@ -433,20 +438,22 @@ class BandedKernelContract(KernelContract):
         unpivoted kinds break down, the pivoted one solves it."""
         N = 8
         A = np.eye(N, k=1) + np.eye(N, k=-1)
-        ab, b = bands(A, 1, 1)[:, None, :, None], np.ones((1, N, 1))
+        ab, b = bands(A, 1, 1)[:, None, :, None].astype(self.DTYPE), np.ones((1, N, 1), self.DTYPE)
         for transposed in (False, True):
             options = dict(l=1, u=1, transposed=transposed)
             for kind in ("banded", "banded_hermitian"):
                 assert not np.isfinite(self.solve(ab, b, kind=kind, **options)).all()
             got = self.solve(ab, b, kind="banded_pivoted", **options)
-            np.testing.assert_allclose(got[0, :, 0], np.linalg.solve(A, b[0, :, 0]), atol=1e-14)
+            np.testing.assert_allclose(got[0, :, 0], np.linalg.solve(A, b[0, :, 0]),
+                                       atol=100 * np.finfo(self.DTYPE).eps)
 
     def test_pivot_ties_take_the_first_row(self):
         """Equal magnitudes, first of equals (as LAPACK's gbtrf and jnp.argmax; for complex
         |Re| + |Im|, which ranks 3 + 4j above 5): the rows the XLA formulation picks."""
         N = 6
-        for complex_ in (False, True):
-            A = np.zeros((N, N), np.complex128 if complex_ else np.float64)
+        eps = np.finfo(self.DTYPE).eps
+        for complex_ in (False, True) if self.COMPLEX else (False,):
+            A = np.zeros((N, N), np.complex128 if complex_ else self.DTYPE)
             for i in range(N):
                 A[i, i] = 5.0 if complex_ else 1.0
                 if i + 1 < N:
@@ -460,10 +467,10 @@ class BandedKernelContract(KernelContract):
                 options = dict(l=2, u=1, kind="banded_pivoted", transposed=transposed)
                 got = self.solve(ab, b, **options)
                 if self.TWIN:
-                    np.testing.assert_allclose(got, self.twin(ab, b, **options), rtol=1e-14,
-                                               atol=1e-14)
+                    np.testing.assert_allclose(got, self.twin(ab, b, **options), rtol=100 * eps,
+                                               atol=100 * eps)
                 solve = np.linalg.solve(A.T if transposed else A, b[0, :, 0])
-                np.testing.assert_allclose(got[0, :, 0], solve, rtol=1e-12)
+                np.testing.assert_allclose(got[0, :, 0], solve, rtol=1e4 * eps)
 
     def test_nan_in_the_pivot_column_spoils_its_system_alone(self):
         """Column 0 holds 1, -1, 1j (a tie: the first row is the pivot); one system has a NaN
@@ -485,6 +492,6 @@ class BandedKernelContract(KernelContract):
 
     @cases("shape", "ZERO_SIZES")
     def test_zero_sizes(self, shape):
-        got = self.solve(np.zeros((5, *shape)), np.zeros(shape), l=2, u=2, kind="banded",
-                         transposed=False)
-        assert got.shape == shape and got.dtype == np.float64
+        got = self.solve(np.zeros((5, *shape), self.DTYPE), np.zeros(shape, self.DTYPE), l=2, u=2,
+                         kind="banded", transposed=False)
+        assert got.shape == shape and got.dtype == self.DTYPE

@@ -56,8 +56,8 @@ Spec = tuple[Sequence[int], str]  # (shape, dtype name) of one argument
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     """One Mosaic TPU kernel of a compiled program: `vmem_bytes` of scoped VMEM the compiler
-    gave it, under `vmem_limit_bytes`; the bytes of its operands and results in HBM (as
-    laid out, tiles padded)."""
+    gave it (past what XLA keeps in VMEM across the kernel), under `vmem_limit_bytes`; the
+    bytes of its operands and results in HBM (as laid out, tiles padded)."""
 
     name: str
     vmem_bytes: int
@@ -161,9 +161,9 @@ _SHAPE = re.compile(r"\b(?P<type>[a-z]+\d*)\[(?P<dims>[\d,]*)\](?:\{(?P<layout>[
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<shape>.*?) (?P<opcode>[\w\-]+)\("
                           r"(?P<operands>[^)]*)\)(?P<rest>.*)$")
 _USED_VMEM = re.compile(r'"used_scoped_memory_configs":\[\{"memory_space":"1","offset":"0","size":"(\d+)"')
-# The scoped VMEM a kernel runs under starts past what XLA keeps in VMEM across it (an operand
-# or result it placed there: "offset").
-_VMEM_LIMIT = re.compile(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"\d+","size":"(\d+)"')
+# The scoped VMEM a kernel runs under starts past what XLA keeps in VMEM across it (operands
+# or results it placed there: "offset"), which the VMEM used counts too.
+_VMEM_LIMIT = re.compile(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"(\d+)","size":"(\d+)"')
 
 
 def padded_bytes(shape: str) -> int:
@@ -200,8 +200,9 @@ def read_program(hlo: str) -> dict:
         if m["opcode"] == "custom-call" and f'custom_call_target="{TPU_CALL}"' in line:
             used, limit = _USED_VMEM.search(line), _VMEM_LIMIT.search(line)
             operands = re.findall(r"%([\w.\-]+)", m["operands"])
-            kernels.append({"name": m["name"], "vmem_bytes": int(used[1]) if used else 0,
-                            "vmem_limit_bytes": int(limit[1]) if limit else 0,
+            offset = int(limit[1]) if limit else 0
+            kernels.append({"name": m["name"], "vmem_bytes": int(used[1]) - offset if used else 0,
+                            "vmem_limit_bytes": int(limit[2]) if limit else 0,
                             "operand_bytes": sum(padded_bytes(shapes.get(o, "")) for o in operands),
                             "result_bytes": padded_bytes(m["shape"])})
         else:

@@ -120,6 +120,22 @@ ENTRY_POINTS = {
     "factored-solve-f32": (lambda *a: tridiax.TDMA().factor(tridiax.Tridiagonal(*a[:3], axis=0)).solve(a[3]),
                            [((1000, 4096), "float32")] * 4, 2, False),
     "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, False),
+    # banded solves: the bands in scipy's layout, one kernel reading each band once
+    "banded-pivoted-f32": (lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0),
+                           [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, True),
+    "banded-one-matrix-f32": (lambda ab, b: tridiax.solve_banded((2, 1), ab, b, axis=0),
+                              [((4, 1000, 1), "float32"), ((1000, 4096), "float32")], 1, True),
+    "banded-batch-first-column-major-bf16": (lambda ab, b: tridiax.solve_banded((1, 3), ab, b, axis=-1),
+                                             [((5, 4096, 1000), "bfloat16"), ((4096, 1000), "bfloat16")],
+                                             1, True),
+    "banded-middle-axis-f32": (lambda ab, b: tridiax.solve_banded((1, 1), ab, b, axis=1),
+                               [((3, 8, 1000, 512), "float32"), ((8, 1000, 512), "float32")], 1, True),
+    "grad-banded-f32": (_grad(lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0), (0, 1)),
+                        [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, False),
+    # solveh_banded: XLA builds the mirrored bands (l + u + 1 of them) from the stored
+    # triangle before the kernel, so the program moves more than the floor
+    "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
+                          [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, False),
     "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
     "recurrence-batch-first-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
                                     [((4096, 1024), "bfloat16")] * 2, 1, True),

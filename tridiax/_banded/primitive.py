@@ -46,6 +46,11 @@ def _lowering(platform: str):
 
         def local(ab, b):
             """The systems one device holds (all of them when unsharded)."""
+            if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+                return _in_physical_order(solve_ordered, ab, b, axis, b.dtype)
+            return solve_ordered(ab, b, axis)
+
+        def solve_ordered(ab, b, axis):
             full = _full_shape(ab, b)
             # The bands as (K, P|1, N|1, Q|1): the same view of every band row (a free
             # reshape, unless a band is broadcast in part of a group, which `to_pnq`
@@ -60,6 +65,23 @@ def _lowering(platform: str):
                                      leading=(1, 0))(ab, b)
 
     return solve
+
+
+def _in_physical_order(solve, ab, b, axis: int, dtype):
+    """`solve(ab, b, axis)` on the operands transposed into the order a TPU stores them in
+    (`_pallas/tpu.py`, `physical_order`; the band axis stays first), transposed back."""
+    from .._pallas import tpu as _tpu
+
+    order = _tpu.physical_order(_full_shape(ab, b), dtype)
+    if order is None:
+        return solve(ab, b, axis)
+    rank = len(order)
+    ab = ab.reshape(ab.shape[:1] + (1,) * (rank + 1 - ab.ndim) + ab.shape[1:])
+    b = b.reshape((1,) * (rank - b.ndim) + b.shape)
+    inverse = tuple(order.index(d) for d in range(len(order)))
+    x = solve(jnp.transpose(ab, (0, *(d + 1 for d in order))), jnp.transpose(b, order),
+              order.index(axis))
+    return jnp.transpose(x, inverse)
 
 
 def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind):

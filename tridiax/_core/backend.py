@@ -14,8 +14,8 @@
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
 | "pallas_tpu"       | Pallas Mosaic TPU kernels `<family>/pallas_tpu.py`   | TPUs; float32, bfloat16 and |
 |                    | (every tridiagonal kind, the factorization,          | float16 (computed in        |
-|                    | recurrences: identity, relu, tanh); banded and block | float32)                    |
-|                    | solves run XLA's loops                               |                             |
+|                    | recurrences: identity, relu, tanh; banded solves);   | float32)                    |
+|                    | block solves run XLA's loop                          |                             |
 | "pallas_tpu_       | the Pallas TPU kernels, interpreted (tests)          | anywhere, when asked for    |
 |  interpret"        |                                                      |                             |
 
@@ -309,7 +309,7 @@ def kernels(backend: str) -> Kernels:
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend in ("pallas_tpu", "pallas_tpu_interpret"):
-        return _tpu_kernels(backend, composed, _xla_banded, _xla_block)
+        return _tpu_kernels(backend, composed, _xla_block)
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -329,9 +329,10 @@ def kernels(backend: str) -> Kernels:
                     stack=backend != "pallas_triton")
 
 
-def _tpu_kernels(backend: str, composed, xla_banded, xla_block) -> Kernels:
-    """The Pallas TPU kernels: every tridiagonal kind (transposed too), the factorization and
-    the recurrences; banded and block solves run XLA's loops (no TPU kernel yet)."""
+def _tpu_kernels(backend: str, composed, xla_block) -> Kernels:
+    """The Pallas TPU kernels: every tridiagonal kind (transposed too), the factorization,
+    the recurrences and banded solves; block solves run XLA's loop (no TPU kernel yet)."""
+    from .._banded import pallas_tpu as _tpu_banded
     from .._recurrence import pallas_tpu as _tpu_recurrence
     from .._tridiagonal import pallas_tpu as _tpu_thomas
 
@@ -353,4 +354,7 @@ def _tpu_kernels(backend: str, composed, xla_banded, xla_block) -> Kernels:
         del tiling
         return _tpu_recurrence.recurrence_pnq(a, x, h0, interpret=interpret, **kwargs)
 
-    return composed(solve, recurrence, factor, xla_banded.solve_pnq, xla_block.solve_pnq)
+    def banded(ab, b, **kwargs):
+        return _tpu_banded.solve_pnq(ab, b, interpret=interpret, **kwargs)
+
+    return composed(solve, recurrence, factor, banded, xla_block.solve_pnq)

@@ -313,21 +313,26 @@ def from_tiles(g: Geometry, t):
     return t.reshape(G0 * g.s * LANES)[: g.P].reshape(g.P, 1, 1)
 
 
-def block_spec(g: Geometry, op: Operand, chunk_of):
-    """The BlockSpec of a prepared operand `x`; `chunk_of(k)` is the chunk grid step k reads."""
+def block_spec(g: Geometry, op: Operand, chunk_of, stack: int | None = None):
+    """The BlockSpec of a prepared operand `x`; `chunk_of(k)` is the chunk grid step k reads.
+    `stack`: the operand is a stack of that many operands on a leading axis (a banded matrix's
+    bands), every block holding all of them."""
     if op.kind == "tile":
-        return pl.BlockSpec((None, None, g.s, g.w), lambda a, b, k: (a, b, 0, 0))
-    if op.kind == "scalar":
-        return pl.BlockSpec((1, g.scalar_rows),
-                            lambda a, b, k: (a if op.p_full else 0, chunk_of(k)),
-                            memory_space=pltpu.SMEM)
-    rows = g.rows
-    if g.layout == "lanes":
-        return pl.BlockSpec((1, rows, g.s * LANES),
-                            lambda a, b, k: (a if op.p_full else 0, chunk_of(k), b))
-    if g.layout == "sublanes":
-        return pl.BlockSpec((g.s, rows, g.w), lambda a, b, k: (a, chunk_of(k), b))
-    return pl.BlockSpec((g.s * LANES, rows), lambda a, b, k: (a, chunk_of(k)))
+        spec = ((None, None, g.s, g.w), lambda a, b, k: (a, b, 0, 0))
+    elif op.kind == "scalar":
+        spec = ((1, g.scalar_rows), lambda a, b, k: (a if op.p_full else 0, chunk_of(k)))
+    elif g.layout == "lanes":
+        spec = ((1, g.rows, g.s * LANES),
+                lambda a, b, k: (a if op.p_full else 0, chunk_of(k), b))
+    elif g.layout == "sublanes":
+        spec = ((g.s, g.rows, g.w), lambda a, b, k: (a, chunk_of(k), b))
+    else:
+        spec = ((g.s * LANES, g.rows), lambda a, b, k: (a, chunk_of(k)))
+    shape, index = spec
+    if stack is not None:
+        shape, index = (stack, *shape), (lambda a, b, k, index=index: (0, *index(a, b, k)))
+    space = {"memory_space": pltpu.SMEM} if op.kind == "scalar" else {}
+    return pl.BlockSpec(shape, index, **space)
 
 
 def stage_shape(g: Geometry) -> tuple[int, int]:
@@ -390,18 +395,19 @@ class ScalarRef:
         return jnp.full(self.g.tile, self.ref[0, i], jnp.float32)
 
 
-def stage_in(g: Geometry, block, stage):
-    """Fill a float32 stage (`stage_shape`) with the chunk's rows of a "rows" block."""
-    rows = g.rows
+def stage_in(g: Geometry, block, stage, offset: int = 0):
+    """Fill a float32 stage (`stage_shape`, or `rows_shape` of `offset` + g.rows rows) with the
+    chunk's rows of a "rows" block, from row `offset` of the stage on."""
+    total = offset + g.rows
     if g.layout == "lanes":
-        stage[...] = block[0].astype(jnp.float32)
+        stage[offset:total, :] = block[0].astype(jnp.float32)
     elif g.layout == "sublanes":
         for p in range(g.s):
-            stage[p * rows:(p + 1) * rows, :] = block[p].astype(jnp.float32)
+            stage[p * total + offset:(p + 1) * total, :] = block[p].astype(jnp.float32)
     else:
         for j in range(g.s):
             lanes = slice(j * LANES, (j + 1) * LANES)
-            stage[:, lanes] = block[lanes, :].astype(jnp.float32).T
+            stage[offset:total, lanes] = block[lanes, :].astype(jnp.float32).T
 
 
 def stage_out(g: Geometry, source: RowRef, block):
@@ -502,18 +508,27 @@ def default_minor_to_major(shape, dtype) -> tuple[int, ...] | None:
     return tuple(int(d) for d in found[1].split(",") if d) if found else None
 
 
-def in_physical_order(operands, axis: int, dtype):
-    """`operands` (one rank, broadcasting together) transposed into the order the default
-    layout of their broadcast shape stores its dimensions in, major to minor (module
-    docstring), the solve axis in that order, and the function that transposes a result back.
-    Where that order is the arrays' own (dimensions of size 1 aside) or unknown: the operands,
-    `axis` and the identity."""
-    shape = tuple(max(d) for d in zip(*(x.shape for x in operands), strict=True))
+def physical_order(shape, dtype) -> tuple[int, ...] | None:
+    """The order, major to minor, in which the default layout of a `dtype` array of `shape`
+    stores its dimensions (module docstring); None where that is the array's own (dimensions
+    of size 1 aside) or unknown."""
     minor_to_major = default_minor_to_major(shape, dtype)
     if minor_to_major is None or sorted(minor_to_major) != list(range(len(shape))):
-        return operands, axis, lambda x: x
+        return None
     order = tuple(reversed(minor_to_major))
     if [d for d in order if shape[d] > 1] == sorted(d for d in order if shape[d] > 1):
+        return None
+    return order
+
+
+def in_physical_order(operands, axis: int, dtype):
+    """`operands` (one rank, broadcasting together) transposed into `physical_order` of their
+    broadcast shape, the solve axis in that order, and the function that transposes a result
+    back. Where that order is the arrays' own or unknown: the operands, `axis` and the
+    identity."""
+    shape = tuple(max(d) for d in zip(*(x.shape for x in operands), strict=True))
+    order = physical_order(shape, dtype)
+    if order is None:
         return operands, axis, lambda x: x
     inverse = tuple(order.index(d) for d in range(len(order)))
     return ([jnp.transpose(x, order) for x in operands], order.index(axis),

@@ -1,0 +1,111 @@
+"""The Pallas Mosaic TPU banded kernel, `_banded/pallas_tpu.py`, in TPU interpret mode (TPU
+semantics on CPU, VMEM starting as NaNs).
+
+`TestPallasTpuInterpret` runs the banded kernel contract (banded_contract.py) on it in
+float32 and half precision (the TPU kernels' dtypes), against scipy.linalg.solve_banded and the
+XLA formulation it follows step for step: every bandwidth, kind and orientation, short systems,
+every broadcast of the bands in every layout of the kernel (`_pallas/tpu.py`), and systems of
+several chunks, whose steps read the previous chunk's rows from the halo (the bands in
+float32 stages, or SMEM scalars for a matrix shared by every system). Each case compiles a
+program of its own, so the cases are fewer than the native kernel's. The plain tests check
+what only this kernel has: its VMEM plan and the fallback for systems too long for it. The
+kernel compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from banded_contract import KINDS, SHORT, BandedKernelContract, check, problem
+from helpers import compile_unoptimized
+
+from tridiax._banded import pallas_tpu as _tpu_banded
+from tridiax._pallas import tpu as _tpu
+
+pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pallas TPU backend")
+
+BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0)]
+
+
+@functools.cache
+def _program(specs, options):
+    fn = functools.partial(_tpu_banded.solve_pnq, interpret=_tpu.interpret_params(), **dict(options))
+    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))
+
+
+def tpu_solve(ab, b, *, l, u, kind, transposed, out_dtype=None):
+    """The kernel in TPU interpret mode, compiled once per shapes and options."""
+    args = (jnp.asarray(ab), jnp.asarray(b))
+    options = dict(l=l, u=u, kind=kind, transposed=transposed,
+                   out_dtype=np.dtype(out_dtype or b.dtype))
+    program = _program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()))
+    return np.array(program(*args))
+
+
+class TestPallasTpuInterpret(BandedKernelContract):
+    DTYPE = np.float32
+    COMPLEX = False
+    # Every band and kind at N = 33, alternating orientations; shorter systems for two bands.
+    SYSTEMS = ([(l, u, kind, 33, (n + m) % 2 == 1) for n, (l, u) in enumerate(BANDS)
+                for m, kind in enumerate(KINDS)]
+               + [(l, u, kind, n, t) for l, u in [(2, 2), (3, 1)] for n, kind, t in SHORT])
+    TWIN_SYSTEMS = SYSTEMS[::3]
+    # Each layout: "sublanes" of two chunks (the halo; a shared matrix in SMEM), "lanes" and
+    # "transposed" (batch-first systems), every broadcast of the bands.
+    LAYOUTS = [(2, 1, "banded_pivoted", True, (13, 300, 5), np.float32),
+               (1, 2, "banded", False, (2, 40, 1030), np.float32),
+               (3, 1, "banded_hermitian", True, (129, 40, 1), np.float32)]
+    TWIN_LAYOUTS = LAYOUTS[:1]
+    TWIN_BROADCASTS = ("1N1", "PN1")
+    # Half precision, with "lanes" of two chunks, and a wide band (8, 8).
+    DTYPES = [(2, 2, "banded_pivoted", True, (1, 300, 1030), jnp.bfloat16),
+              (1, 1, "banded", False, (3, 33, 19), np.float16),
+              (8, 8, "banded_pivoted", False, (3, 40, 19), np.float32)]
+    TWIN_DTYPES = DTYPES[:1]
+    INDEFINITE = [(l, t, (3, 33, 19), np.float32) for l in (0, 2) for t in (False, True)]
+    ZERO_SIZES = [(0, 7, 5), (3, 7, 0)]
+
+    test_real_bands_with_complex_rhs = None  # no complex type on a TPU
+    test_nan_in_the_pivot_column_spoils_its_system_alone = None  # its column holds 1j
+
+    def solve(self, ab, b, **options):
+        return tpu_solve(ab, b, **options)
+
+    def batch(self, n):
+        return [(2, n, 19)]
+
+    def twin_batch(self, n):
+        return [(2, n, 19)]
+
+
+def test_vmem_plan_narrows_the_row_tile_and_falls_back_for_long_systems(monkeypatch):
+    """U's rows of a whole system stay in VMEM: longer systems get row tiles of fewer
+    sublanes, and systems too long for any run XLA's loop; both agree with scipy."""
+    l, u, kind = 2, 1, "banded_pivoted"
+    ab, b, clean = problem(l, u, kind, (1, 260, 1024), dtype=np.float32, seed=2)
+    options = dict(l=l, u=u, kind=kind, transposed=False, out_dtype=np.float32)
+    wide = _tpu_banded._plan(1, 260, 1024, ab, b, np.float32, l=l, u=u, kind=kind,
+                             transposed=False)
+    assert wide.chunks == 3
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 3 << 20)
+    narrow = _tpu_banded._plan(1, 260, 1024, ab, b, np.float32, l=l, u=u, kind=kind,
+                               transposed=False)
+    assert narrow is not None and narrow.s < wide.s
+    check(np.asarray(_tpu_banded.solve_pnq(jnp.asarray(ab), jnp.asarray(b), **options,
+                                           interpret=_tpu.interpret_params())), clean, b, l, u, False)
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 16)
+    assert not _tpu_banded.fits(ab.shape, 1, 260, 1024, np.float32, l=l, u=u, kind=kind)
+    check(np.asarray(_tpu_banded.solve_pnq(jnp.asarray(ab), jnp.asarray(b), **options)), clean, b,
+          l, u, False)
+
+
+def test_invalid():
+    options = dict(l=1, u=1, kind="banded", transposed=False, out_dtype=np.float32)
+    with pytest.raises(ValueError, match="kind"):
+        _tpu_banded.solve_pnq(jnp.ones((3, 1, 5, 1)), jnp.ones((1, 5, 1)), **{**options, "kind": "lu"})
+    with pytest.raises(ValueError, match="ab must be"):
+        _tpu_banded.solve_pnq(jnp.ones((2, 1, 5, 1)), jnp.ones((1, 5, 1)), **options)
