@@ -14,6 +14,7 @@ import tridiax
 from tridiax import verify
 from tridiax._banded.api import solve as banded_solve
 from tridiax._core import backend as _backend
+from tridiax._core import planner as _planner
 from tridiax._pallas import tpu as _tpu
 from tridiax._recurrence import pallas_tpu as tpu_recurrence
 from tridiax._recurrence.api import recurrence
@@ -147,6 +148,61 @@ def test_banded_solves_and_their_gradients_along_every_axis(pivoting, axis):
     reference = jax.grad(loss("xla"), argnums=(0, 1))(ab, b)
     for g, w in zip(got, reference, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem():
+    """Fewer systems than one (8, 128) row tile holds are split into chunks until they fill
+    eight grid steps of such tiles; systems too long for VMEM into chunks that fit. Batches of
+    a row tile or more that fit run whole, and so do short systems and systems narrower than
+    128 lanes along Q (the composed sweeps would pad them). Recurrences keep no rows in VMEM:
+    chunked for lanes only."""
+    def chunk(P, N, Q, kind="thomas"):
+        return _planner.solve_chunk(P, N, Q, jnp.float32, kind=kind, backend="pallas_tpu",
+                                    platform="tpu")
+
+    assert chunk(8192, 1000, 1) == 0 and chunk(1, 1000, 4) == 0  # wide; short
+    assert tpu_thomas.fits(1, 2000, 1024, jnp.float32) and chunk(1, 2000, 1024) == 0  # a row tile
+    m = chunk(1, 3000, 128)
+    assert 3000 % m == 0 and 3000 // m >= 50
+    assert chunk(1, 3000, 4) == 0 and chunk(4, 3000, 1) == 0
+    assert not tpu_thomas.fits(1, 60000, 1024, jnp.float32)
+    m = chunk(1, 60000, 1024)
+    assert 0 < m <= _planner.TPU_MAX_CHUNK and tpu_thomas.fits(60000 // m, m, 1024, jnp.float32)
+    assert chunk(1, 3000, 4, kind="factored") == 0  # never chunked
+    assert _planner.recurrence_chunk(8192, 1000, 1, jnp.float32, linear=True, backend="pallas_tpu",
+                                     platform="tpu") == 0
+    assert _planner.recurrence_chunk(1, 60000, 1024, jnp.float32, linear=True, backend="pallas_tpu",
+                                     platform="tpu") == 0  # a full row tile
+    m = _planner.recurrence_chunk(1, 60000, 128, jnp.float32, linear=True, backend="pallas_tpu",
+                                  platform="tpu")
+    assert m and 60000 // m * 128 >= _planner.TPU_LANES
+
+
+@pytest.mark.parametrize("kind", ["thomas", *KINDS])
+def test_few_long_systems_are_solved_in_chunks(kind):
+    """128 systems of 3000 rows through the partition method (the chunk sweeps composed around
+    the TPU kernels): against scipy, and the gradient w.r.t. rhs against XLA's loop."""
+    options = KINDS.get(kind, {})
+    ops = [jnp.asarray(v) for v in _bands((3000, 128), seed=9)]
+    assert _planner.solve_chunk(1, 3000, 128, jnp.float32, kind=kind.replace("periodic_pivoted", "pivoted"),
+                                backend=BACKEND, platform="cpu") > 0
+    x = solve(*ops, axis=0, backend=BACKEND, **options)
+    want = verify.reference_solve(*(np.asarray(v, np.float64) for v in ops), axis=0,
+                                  periodic="periodic" in kind)
+    np.testing.assert_allclose(x, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    cotangent = jnp.asarray(np.random.default_rng(10).uniform(-1, 1, (3000, 128)), jnp.float32)
+    got = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend=BACKEND, **options), ops[3])[1](cotangent)
+    ref = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend="xla", **options), ops[3])[1](cotangent)
+    np.testing.assert_allclose(got[0], ref[0], rtol=2e-5, atol=2e-5 * np.abs(ref[0]).max())
+
+
+def test_few_long_recurrences_run_in_chunks():
+    rng = np.random.default_rng(11)
+    a, x = (jnp.asarray(rng.uniform(-1, 1, (3, 2000)), jnp.float32) for _ in range(2))
+    assert _planner.recurrence_chunk(3, 2000, 1, jnp.float32, linear=True, backend=BACKEND,
+                                     platform="cpu") > 0
+    h = recurrence(a, x, axis=-1, backend=BACKEND)
+    np.testing.assert_allclose(h, _scan(a, x, axis=-1), rtol=1e-5, atol=1e-5)
 
 
 def _scan(a, x, *, axis, reverse=False, activation=lambda v: v):

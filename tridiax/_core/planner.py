@@ -7,8 +7,9 @@ comment names its entry in quotes):
 - **Chunking** (`solve_chunk`, `recurrence_chunk`): whether the rows (steps) of each system
   are split into chunks solved as one batch by the partition method (`_long_systems/chunked.py`), and how
   long a chunk is. A solve is chunked when its systems cannot keep the device busy (CPU: fewer
-  systems than the cores times the vector lanes; GPU: fewer than its SMs can hold) or, on CPU,
-  when one tile's work rows would not fit in the core's cache. A linear recurrence is chunked
+  systems than the cores times the vector lanes; GPU: fewer than its SMs can hold; TPU: fewer
+  than one (8, 128) row tile) or when one tile's work rows would not fit in
+  the core's cache (CPU) or its VMEM (TPU). A linear recurrence is chunked
   only for parallelism (its sweep keeps no work rows). The reduced system of a chunked solve
   (one row per chunk) is planned again the same way: chunking recurses while it pays.
 - **Layout and library** (`gpu_columns`, `gpu_library`): on GPU, whether batch-first systems
@@ -46,10 +47,11 @@ from .dtypes import compute_dtype
 # (`_chunked.solve_any`).
 CHUNKED_KINDS = ("thomas", "periodic", "pivoted")
 # Backends whose long systems the planner splits on its own: the native kernel's fused chunk
-# sweeps, and on GPU the sweeps composed around the plain Pallas kernel
-# (`_long_systems/composed_chunks.py`; compiled for sm_90a by tests/gpu/test_gpu_compile.py, not yet
-# timed on a GPU). Every backend runs a chunk the user asks for.
-CHUNKED_BACKENDS = ("native", "pallas_triton")
+# sweeps, and on GPUs and TPUs the sweeps composed around the plain Pallas kernels
+# (`_long_systems/composed_chunks.py`; compiled for sm_90a and a TPU v5e by tests/gpu/ and
+# tests/tpu/, not yet timed on either). Every backend runs a chunk the user asks for.
+TPU_BACKENDS = ("pallas_tpu", "pallas_tpu_interpret")
+CHUNKED_BACKENDS = ("native", "pallas_triton", *TPU_BACKENDS)
 # Streaming multiprocessors of the GPU the Pallas plan fills (an H100 SXM). Fewer systems
 # than GPU_WIDE (two 64-system programs per SM) of at least GPU_MIN_ROWS rows are chunked,
 # into GPU_LANES lanes (systems times chunks: four programs per SM); shorter systems run
@@ -61,6 +63,14 @@ GPU_MIN_ROWS = 4096
 # A GPU reads global memory in sectors of this many bytes: a row of a Pallas tile narrower than
 # a sector along Q (batch-first data: Q = 1) fetches a sector per system for a few bytes of it.
 GPU_SECTOR_BYTES = 32
+# TPU: systems too long for VMEM (`_tridiagonal/pallas_tpu.py`, `fits`), or too few to fill one
+# (8, 128) row tile (TPU_TILE_SYSTEMS), are chunked, into chunks of at most TPU_MAX_CHUNK rows
+# and enough lanes (systems times chunks) for eight grid steps of full row tiles (TPU_LANES),
+# so that Pallas's pipeline overlaps each step's copies with the previous one's sweep.
+TPU_TILE_SYSTEMS = 8 * 128
+TPU_LANES = 8 * TPU_TILE_SYSTEMS
+TPU_MAX_CHUNK = 4096
+TPU_MIN_CHUNKED_LANES = 128
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
 # The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
@@ -228,7 +238,18 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         return 0
     systems = P * Q
     itemsize = jnp.dtype(compute_dtype(dtype)).itemsize
-    if platform == "cpu":
+    if backend in TPU_BACKENDS:  # on a TPU, or interpreted anywhere (tests)
+        from .._tridiagonal import pallas_tpu as _tpu_thomas
+
+        fits = _tpu_thomas.fits(P, N, Q, dtype, kind=kind, budget=_tpu_budget())
+        if fits and (systems >= TPU_TILE_SYSTEMS or N < 2 * TPU_MAX_CHUNK // 8):
+            return 0
+        # The composed sweeps' XLA work on (P, C, m, Q) arrays pads a Q narrower than a tile's
+        # 128 lanes to 128 ("tpu_chunks_need_lanes"): such systems run whole, or XLA's loop.
+        if Q < TPU_MIN_CHUNKED_LANES:
+            return 0
+        target = int(np.clip(N * systems // TPU_LANES, 2 * MIN_CHUNK, TPU_MAX_CHUNK))
+    elif platform == "cpu":
         if systems * N < MIN_CHUNKED_WORK:
             return 0
         # Pivoted sweeps are a chain of compares, selects and a division per row: whole systems
@@ -259,7 +280,7 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
     if N < 2 * target:
         target = max(MIN_CHUNK, N // 2)
     # The composed GPU sweeps pad a short last chunk: there, a length dividing N if one is near.
-    pick = valid_chunk if platform == "cpu" else _dividing
+    pick = valid_chunk if platform == "cpu" and backend not in TPU_BACKENDS else _dividing
     return pick(N, target, periodic=periodic)
 
 
@@ -273,7 +294,7 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
     if not linear or backend not in CHUNKED_BACKENDS or T < 2 * MIN_CHUNK or chunk == 0:
         return 0
     lanes = P * Q
-    if platform == "cpu":
+    if platform == "cpu" and backend not in TPU_BACKENDS:
         if lanes * T < MIN_CHUNKED_WORK:
             return 0
         # One sequence of contiguous steps, or one group of rows of a few lanes, is scanned
@@ -291,16 +312,30 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         # chunk's boundary work is negligible.
         count = -(-needed * 8 // lanes)
         return max(min(T, 256), T // count)
-    if lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
+    if backend in TPU_BACKENDS:
+        # The recurrence keeps no rows in VMEM: chunked only for lanes, into chunks of at
+        # least 256 steps (a chunk's kernel call and the ends' reduction cost about that).
+        if lanes >= TPU_TILE_SYSTEMS or T < 2 * 256:
+            return 0
+        target = max(256, T * lanes // TPU_LANES)
+    elif lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
         return 0
-    # GPU: the lanes of every SM, from chunks of at least 64 steps (m dividing T if it can).
-    target = max(64, T * lanes // GPU_LANES)
+    else:
+        # GPU: the lanes of every SM, from chunks of at least 64 steps (m dividing T if it can).
+        target = max(64, T * lanes // GPU_LANES)
     if T < 2 * target:
         return 0
     for m in range(target, target // 2, -1):
         if T % m == 0:
             return m
     return target
+
+
+def _tpu_budget() -> int:
+    """The VMEM bytes the TPU kernels plan for on the chip being compiled for."""
+    from .._pallas import tpu as _tpu
+
+    return _tpu.vmem().budget
 
 
 # ---------------------------------------------------------------------------------------------
