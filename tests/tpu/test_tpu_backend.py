@@ -198,11 +198,13 @@ def test_few_long_systems_are_solved_in_chunks(kind):
 
 def test_few_long_recurrences_run_in_chunks():
     rng = np.random.default_rng(11)
-    a, x = (jnp.asarray(rng.uniform(-1, 1, (3, 2000)), jnp.float32) for _ in range(2))
-    assert _planner.recurrence_chunk(3, 2000, 1, jnp.float32, linear=True, backend=BACKEND,
+    a, x = (jnp.asarray(rng.uniform(-1, 1, (2000, 128)), jnp.float32) for _ in range(2))
+    assert _planner.recurrence_chunk(1, 2000, 128, jnp.float32, linear=True, backend=BACKEND,
                                      platform="cpu") > 0
-    h = recurrence(a, x, axis=-1, backend=BACKEND)
-    np.testing.assert_allclose(h, _scan(a, x, axis=-1), rtol=1e-5, atol=1e-5)
+    assert _planner.recurrence_chunk(3, 2000, 1, jnp.float32, linear=True, backend=BACKEND,
+                                     platform="cpu") == 0  # narrow Q: whole
+    h = recurrence(a, x, axis=0, backend=BACKEND)
+    np.testing.assert_allclose(h, _scan(a, x, axis=0), rtol=1e-5, atol=1e-5)
 
 
 def _scan(a, x, *, axis, reverse=False, activation=lambda v: v):

@@ -140,8 +140,8 @@ ENTRY_POINTS = {
     # write and re-read every row: about 8x the floor, not held to it), no XLA loop
     "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 6, False),
     # few long sequences: chunked for lanes
-    "recurrence-few-long-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
-                                [((16, 100000), "float32")] * 2, 3, False),
+    "recurrence-few-long-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=0),
+                                [((100000, 128), "float32")] * 2, 3, False),
     "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
     "recurrence-batch-first-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
                                     [((4096, 1024), "bfloat16")] * 2, 1, True),

@@ -315,8 +315,8 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
     if backend in TPU_BACKENDS:
         # The recurrence keeps no rows in VMEM: chunked only for lanes, into chunks of at
         # least 256 steps (a chunk's kernel call and the ends' reduction cost about that).
-        if lanes >= TPU_TILE_SYSTEMS or T < 2 * 256:
-            return 0
+        if lanes >= TPU_TILE_SYSTEMS or T < 2 * 256 or Q < TPU_MIN_CHUNKED_LANES:
+            return 0  # narrow Q: as for solves ("tpu_chunks_need_lanes")
         target = max(256, T * lanes // TPU_LANES)
     elif lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
         return 0

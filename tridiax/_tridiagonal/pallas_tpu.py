@@ -319,6 +319,28 @@ def fits(P: int, N: int, Q: int, dtype, *, kind: str = "thomas", budget=None) ->
     return _plan(P, N, Q, operands, dtype, kind=kind, budget=budget) is not None
 
 
+def _xla_loop(l, d, u, b, *, transposed, out_dtype, kind):
+    """XLA's loop (`_xla.sweep`) for systems too long for VMEM, along the last axis of the
+    operands as (P, Q, N), dimensions of size 1 dropped: a TPU pads the last two dimensions of
+    an array to whole (8, 128) tiles, so a loop over (1, N, 1) buffers would hold 1024 times
+    their values (one system of ten million rows did not fit in a v5e's HBM), and one over
+    (N, 4) rows 32 times."""
+    from . import xla as _xla
+
+    P, N, Q = broadcast_shape(l, d, u, b)
+    drop = tuple(a for a, size in ((0, P), (1, Q)) if size == 1)
+    operands = [jnp.squeeze(jnp.moveaxis(v, 1, 2), drop) for v in (l, d, u, b)]
+    axis = 2 - len(drop)
+    sweep = functools.partial(_xla.sweep, out_dtype=out_dtype)
+    if kind == "periodic_pivoted":
+        x = _periodic.solve_pivoted(*operands, axis=axis, transposed=transposed,
+                                    pivoted_solve=functools.partial(sweep, transposed=False,
+                                                                    kind="pivoted"))
+    else:
+        x = sweep(*operands, axis=axis, transposed=transposed, kind=kind)
+    return jnp.moveaxis(x.astype(out_dtype).reshape(P, Q, N), 2, 1)
+
+
 def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", interpret=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q) of `out_dtype`.
     `kind`: one of KINDS (module docstring; the periodic kinds need N >= 3). `interpret`: Pallas's
@@ -331,14 +353,7 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
     budget = _tpu.vmem()
     g = _plan(P, N, Q, (l, d, u, b), out_dtype, kind=kind, budget=budget.budget)
     if g is None:
-        from . import xla as _xla
-
-        if kind == "periodic_pivoted":
-            pivoted = functools.partial(_xla.sweep, transposed=False, out_dtype=out_dtype,
-                                        kind="pivoted")
-            return _periodic.solve_pivoted(l, d, u, b, axis=1, transposed=transposed,
-                                           pivoted_solve=pivoted)
-        return _xla.solve_pnq(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
+        return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     prepared = [_tpu.prepare(g, v) for v in (l, d, u, b)]
     ops = [op for _, op in prepared]
     direct_out = not _tpu.staged(g, out_dtype)
