@@ -134,10 +134,18 @@ def _report() -> str:
     platforms = [_backend.device_platform(d) for d in devices]
     lines += [f"  {d.id}: {d.device_kind} ({p})" for d, p in zip(devices, platforms)]
     lines += _native_lines()
-    for platform in dict.fromkeys(["cpu", *platforms]):
-        lines.append(f"backends on {platform} (the first of {_backend.PREFERENCE.get(platform, ('xla',))} "
-                     "that can run the call; `backend=` overrides):")
+    shown = ["cpu", *platforms]
+    if "tpu" not in platforms and _backend.unavailable("pallas_tpu", jnp.float32) is None:
+        shown.append("tpu")  # what a TPU would run with this JAX (its kernels compile without one)
+    for platform in dict.fromkeys(shown):
+        absent = "" if platform in ("cpu", *platforms) else ", no TPU here: what one would run"
+        lines.append(f"backends on {platform}{absent} (the first of "
+                     f"{_backend.PREFERENCE.get(platform, ('xla',))} that can run the call; "
+                     "`backend=` overrides):")
         lines += _backend_table(platform)
+        if platform == "tpu":
+            lines.append("  bfloat16 and float16 run the Pallas TPU kernels too (eliminated in float32); "
+                         "float64 and complex run XLA's loops, and block solves (no TPU kernel yet)")
         if platform == "cuda":
             lines.append(f"  and plain solves of at most {_planner.GPU_LIBRARY_SYSTEMS} systems of at "
                          f"least {_planner.GPU_MIN_ROWS} rows: cuSPARSE gtsv2 (no backend= given)")

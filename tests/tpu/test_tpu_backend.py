@@ -316,3 +316,19 @@ def test_every_block_moves_once(shape, monkeypatch):
             final_only=False, out_dtype=jnp.float32))
         for changes, distinct in moved:
             assert changes == distinct
+
+
+def test_info_says_what_a_tpu_would_run():
+    """`python -m tridiax --info` on a machine without a TPU shows the TPU's backend table too:
+    the Pallas TPU kernels for real 32-bit and half precision, XLA's loops for float64,
+    complex and block solves."""
+    from tridiax import _info
+
+    text = _info.report()
+    table = text.split("backends on tpu, no TPU here")[1].split("why not the others")[0]
+    rows = {line[:32].strip(): line[32:].split() for line in table.splitlines()[2:] if line.strip()}
+    assert rows["solve_tridiagonal (every kind)"] == ["pallas_tpu", "xla", "xla", "xla"]
+    assert rows["solve_banded"] == ["pallas_tpu", "xla", "xla", "xla"]
+    assert rows["solve_block_tridiagonal k=2"] == ["xla"] * 4
+    assert rows["indrnn (your activation)"] == ["xla"] * 4
+    assert "block solves (no TPU kernel yet)" in table

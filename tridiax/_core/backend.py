@@ -165,6 +165,8 @@ def default_block_backend(platform: str, dtype, k: int) -> str:
     complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
     if backend == "pallas_triton" and k > PALLAS_BLOCK_LIMIT[complex_]:
         return "xla"
+    if backend == "pallas_tpu":  # no TPU block kernel: its Kernels.block is XLA's loop
+        return "xla"
     return backend
 
 
