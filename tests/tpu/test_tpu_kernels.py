@@ -30,8 +30,9 @@ SOLVE_CASES = [
     ("lanes", 3, 1, 128, F32, True),  # N = 1
     ("sublanes", 13, 37, 5, F32, True),
     ("sublanes", 9, 2, 129, BF16, False),  # N = 2; a last group of one lane along Q
-    ("sublanes", 1, 513, 1, F32, False),  # three chunks, the last one a single row
-    ("sublanes", 5, 3, 1, BF16, True),  # N = 3
+    ("sublanes", 9, 513, 3, F32, False),  # three chunks, the last one a single row
+    ("transposed", 1, 513, 1, F32, False),  # one system: a group of 128 lanes, 127 idle
+    ("transposed", 5, 3, 1, BF16, True),  # N = 3
     ("transposed", 300, 37, 1, F32, False),
     ("transposed", 129, 257, 1, BF16, True),  # two chunks (last: one row), 129 systems
     ("transposed", 1030, 5, 1, F32, True),
@@ -150,20 +151,22 @@ def test_narrow_row_tiles_and_the_fallback_for_long_systems(monkeypatch):
 KIND_CASES = [
     ("pivoted", "lanes", 1, 300, 1200, BF16, True),
     ("pivoted", "sublanes", 13, 37, 5, F32, False),
-    ("pivoted", "sublanes", 1, 513, 1, F32, True),
+    ("pivoted", "sublanes", 9, 513, 3, F32, True),
+    ("pivoted", "transposed", 1, 513, 1, F32, True),
     ("pivoted", "transposed", 129, 257, 1, F32, False),
     ("pivoted", "lanes", 3, 1, 128, F32, True),
     ("pivoted", "sublanes", 9, 2, 129, F32, True),
     ("periodic", "lanes", 1, 300, 1200, F32, True),
     ("periodic", "sublanes", 13, 37, 5, BF16, False),
-    ("periodic", "sublanes", 1, 513, 1, F32, True),
+    ("periodic", "sublanes", 9, 300, 3, F32, True),
+    ("periodic", "transposed", 1, 513, 1, F32, True),
     ("periodic", "transposed", 129, 257, 1, F32, False),
-    ("periodic", "sublanes", 5, 3, 1, F32, True),
+    ("periodic", "transposed", 5, 3, 1, F32, True),
     ("periodic_pivoted", "lanes", 1, 300, 1200, F32, False),
     ("periodic_pivoted", "sublanes", 13, 37, 5, F32, True),
     ("periodic_pivoted", "transposed", 129, 257, 1, BF16, True),
-    ("periodic_pivoted", "sublanes", 1, 513, 1, F32, False),
-    ("periodic_pivoted", "sublanes", 5, 3, 1, F32, False),
+    ("periodic_pivoted", "sublanes", 9, 300, 3, F32, False),
+    ("periodic_pivoted", "transposed", 5, 3, 1, F32, False),
 ]
 
 
@@ -270,7 +273,8 @@ RECURRENCE_CASES = [
     ("lanes", 3, 1, 128, F32, False, True, False, None),  # T = 1, shifted: h = x
     ("sublanes", 13, 37, 5, F32, True, False, True, None),  # final state only
     ("sublanes", 9, 2, 129, BF16, False, False, False, jax.nn.relu),
-    ("sublanes", 1, 513, 1, F32, True, True, False, None),  # three chunks, the last one row
+    ("sublanes", 9, 513, 3, F32, True, True, False, None),  # three chunks, the last one row
+    ("transposed", 1, 513, 1, F32, True, True, False, None),  # one sequence
     ("transposed", 300, 37, 1, F32, False, False, False, jnp.tanh),
     ("transposed", 129, 257, 1, BF16, False, True, True, None),
     ("transposed", 1030, 3, 1, F32, True, False, False, jax.nn.relu),

@@ -10,11 +10,13 @@ arrays become row tiles is the *layout* (`Geometry.layout`):
 - "lanes" (Q >= 1024, or Q >= 128 with P < 8): a group is s*128 consecutive q of one p. The
   HBM block (1, rows, s*128) lies in VMEM as tiles of 8 rows x 128 q, so row i of the group is
   one sublane of each of s tiles: one strided load (`RowRef`), no data moved around.
-- "transposed" (Q == 1 and P >= 128: batch-first systems): a group is s*128 consecutive p; the
+- "transposed" (Q == 1: batch-first systems): a group is s*128 consecutive p (fewer than 128
+  systems fill part of one group: their operands are 2D (P, N) arrays, which a TPU stores
+  without padding, where a (P, N, 1) array would pad its last dimension to 128 lanes); the
   (P, N) operand's block (s*128, rows) holds its rows along lanes, so it is transposed on chip,
   128 systems at a time by the transpose unit, into a (rows, s*128) stage read as in "lanes".
   The transposes stay in VMEM: no HBM transpose, one read of each operand.
-- "sublanes" (every other (P, Q): Q < 1024 with P >= 8, or Q < 128): a group is s values of p
+- "sublanes" (every other (P, Q): 1 < Q < 1024 with P >= 8, or 1 < Q < 128): a group is s values of p
   times w = 128 values of q (w = Q when Q < 128, the other lanes idle). Each p of the block is
   staged into a 2D scratch (s * rows, w), where row i of the s systems is every rows-th sublane:
   one strided load (`RowRef`).
@@ -176,7 +178,7 @@ def choose_layout(P: int, Q: int) -> str:
     """The layout of (P, N, Q) arrays (module docstring)."""
     if Q >= 1024 or (Q >= LANES and P < SUBLANES):
         return "lanes"
-    if Q == 1 and P >= LANES:
+    if Q == 1:
         return "transposed"
     return "sublanes"
 
