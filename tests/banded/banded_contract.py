@@ -235,20 +235,27 @@ def check(got, clean, b, l, u, transposed, dtype=None):
                  condition(clean, l, u, b.shape, transposed))
 
 
-@functools.cache
-def _xla_program(specs, options):
-    fn = functools.partial(_xla_banded.solve_pnq, **dict(options))
-    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))
+def compiled(solve_pnq, **fixed):
+    """A kernel `solve_pnq(ab, b, *, l, u, kind, transposed, out_dtype, **fixed)` as the
+    contract's `solve` hook: compiled once per shapes and options at XLA's optimization level 0
+    (the kernels' loops compile in a fraction of the time), its answer a writable NumPy array."""
+
+    @functools.cache
+    def program(specs, options):
+        fn = functools.partial(solve_pnq, **fixed, **dict(options))
+        return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))
+
+    def solve(ab, b, *, l, u, kind, transposed, out_dtype=None):
+        args = (jnp.asarray(ab), jnp.asarray(b))
+        options = dict(l=l, u=u, kind=kind, transposed=transposed,
+                       out_dtype=np.dtype(out_dtype or b.dtype))
+        return np.array(program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()))(*args))
+
+    return solve
 
 
-def xla_solve(ab, b, *, l, u, kind, transposed, out_dtype=None):
-    """The XLA formulation (`_xla_banded.solve_pnq`), compiled once per shapes and options at
-    XLA's optimization level 0 (its loops compile in a fraction of the time)."""
-    args = (jnp.asarray(ab), jnp.asarray(b))
-    options = dict(l=l, u=u, kind=kind, transposed=transposed,
-                   out_dtype=np.dtype(out_dtype or b.dtype))
-    program = _xla_program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()))
-    return np.array(program(*args))
+# The XLA formulation (`_xla_banded.solve_pnq`), the twin of the kernels that follow it.
+xla_solve = compiled(_xla_banded.solve_pnq)
 
 
 # ---------------------------------------------------------------------------------------------

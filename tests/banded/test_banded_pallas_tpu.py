@@ -14,14 +14,10 @@ kernel compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
 
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from banded_contract import KINDS, SHORT, BandedKernelContract, check, problem
-from helpers import compile_unoptimized
+from banded_contract import KINDS, SHORT, BandedKernelContract, check, compiled, problem
 
 from tridiax._banded import pallas_tpu as _tpu_banded
 from tridiax._pallas import tpu as _tpu
@@ -31,19 +27,8 @@ pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pa
 BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0)]
 
 
-@functools.cache
-def _program(specs, options):
-    fn = functools.partial(_tpu_banded.solve_pnq, interpret=_tpu.interpret_params(), **dict(options))
-    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))
-
-
-def tpu_solve(ab, b, *, l, u, kind, transposed, out_dtype=None):
-    """The kernel in TPU interpret mode, compiled once per shapes and options."""
-    args = (jnp.asarray(ab), jnp.asarray(b))
-    options = dict(l=l, u=u, kind=kind, transposed=transposed,
-                   out_dtype=np.dtype(out_dtype or b.dtype))
-    program = _program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()))
-    return np.array(program(*args))
+# The kernel in TPU interpret mode.
+tpu_solve = compiled(_tpu_banded.solve_pnq, interpret=_tpu.interpret_params())
 
 
 class TestPallasTpuInterpret(BandedKernelContract):

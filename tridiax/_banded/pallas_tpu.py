@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._pallas import tpu as _tpu
+from . import window as _window
 from . import xla as _xla
-from .xla import KINDS
 
 # Halo rows are a multiple of this (whole tiles of the float32 stages).
 _HALO_ROWS = 16
@@ -106,7 +106,7 @@ def _keep_tail(g: _tpu.Geometry, stage, H: int) -> None:
 def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direct_out, H):
     band_refs = [ab_ref.at[n] for n in range(K)]
     lo, up = (u, l) if transposed else (l, u)
-    R, width = lo + 1, lo + up + 1
+    width = lo + up + 1
     D = lo + up
     pivoting, hermitian = kind == "banded_pivoted", kind == "banded_hermitian"
     kept = kept_columns(l, u, kind, transposed)
@@ -179,39 +179,11 @@ def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direc
             window, values = unflatten(flat)
             window.append(load_row(s + lo, lo, row_length(lo)))
             values.append(rhs(s + lo))
-            if pivoting and R > 1:
-                size = [jnp.abs(row[0]) for row in window]
-                best, p = size[0], jnp.zeros(g.tile, jnp.int32)
-                for r in range(1, R):
-                    take = (size[r] > best) | (jnp.isnan(size[r]) & ~jnp.isnan(best))
-                    best = jnp.where(take, size[r], best)
-                    p = jnp.where(take, r, p)
-                top, top_value = list(window[0]), values[0]
-                for r in range(1, R):
-                    chosen = p == r
-                    top = [jnp.where(chosen, w, t) for w, t in zip(window[r], top, strict=True)]
-                    top_value = jnp.where(chosen, values[r], top_value)
-                    window[r] = [jnp.where(chosen, w0, w)
-                                 for w0, w in zip(window[0], window[r], strict=True)]
-                    values[r] = jnp.where(chosen, values[0], values[r])
-                window[0], values[0] = top, top_value
-            pivot = window[0][0]
-            if hermitian:
-                pivot = jnp.where(pivot > 0, pivot, jnp.nan)
-            inverse = 1 / pivot
-            head = window[0][1:]
-            rest, rest_values = [], []
-            for r in range(1, R):
-                m = window[r][0] * inverse
-                row = [w - m * head[c] if c < len(head) else w
-                       for c, w in enumerate(window[r][1:])]
-                if pivoting:
-                    row.append(zero)
-                rest.append(row)
-                rest_values.append(values[r] - m * values[0])
+            inverse, head, y, rest, rest_values = _window.eliminate(
+                window, values, pivoting=pivoting, hermitian=hermitian, zero=zero)
             for rows, value in zip(u_rows, [inverse, *head[: kept - 1]], strict=True):
                 rows.store(s, value)
-            y_rows.store(s, values[0])
+            y_rows.store(s, y)
             return flatten(rest, rest_values)
 
         def run(first, count):
@@ -323,12 +295,9 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, 
     layout along axis 2, `b` (P, N, Q). Returns x, (P, N, Q) of `out_dtype`. `interpret`:
     Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU. Systems too
     long for VMEM (`fits`) are solved by XLA's loop."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    _xla.check_operands(ab, b, l=l, u=u, kind=kind)
     K = l + u + 1
     P, N, Q = b.shape
-    if ab.ndim != 4 or ab.shape[0] != K:
-        raise ValueError(f"ab must be ({K}, P|1, N|1, Q|1) for l={l}, u={u}, got {ab.shape}")
     out_dtype = jnp.dtype(out_dtype)
     if P * N * Q == 0:
         return jnp.zeros((P, N, Q), out_dtype)

@@ -41,9 +41,10 @@ import numpy as np
 from jax import lax
 
 from .._core.dtypes import compute_dtype
-from .._core.split_complex import SplitComplex, SplitRef, as_split, magnitude, real_dtype, select
+from .._core.split_complex import SplitComplex, SplitRef, as_split, real_dtype, select
 from .._pallas.tiles import SYSTEMS_PER_PROGRAM, TileRows, Tiles, launch
-from .xla import KINDS
+from . import window as _window
+from .xla import check_operands
 
 
 def kept_columns(l: int, u: int, kind: str, transposed: bool) -> int:
@@ -114,7 +115,7 @@ def _kernel(ab_ref, b_ref, x_ref, *work, n, l, u, kind, transposed, half, tiles,
     rows = _BandRows(P, Q, tiles, cdt)
     full = rows.full
     lo, up = (u, l) if transposed else (l, u)
-    R, width = lo + 1, lo + up + 1
+    width = lo + up + 1
     pivoting, hermitian = kind == "banded_pivoted", kind == "banded_hermitian"
     kept = kept_columns(l, u, kind, transposed)
     u_refs = work[:kept]
@@ -151,39 +152,11 @@ def _kernel(ab_ref, b_ref, x_ref, *work, n, l, u, kind, transposed, half, tiles,
         window, values = carry
         window = [*window, load_row(j + lo, lo, row_length(lo))]
         values = [*values, rhs(j + lo)]
-        if pivoting and R > 1:
-            # argmax of |W[r, 0]| over r, first of equals; a NaN wins first, as in jnp.argmax.
-            size = [magnitude(row[0]) for row in window]
-            best, p = size[0], jnp.zeros(size[0].shape, jnp.int32)
-            for r in range(1, R):
-                take = (size[r] > best) | (jnp.isnan(size[r]) & ~jnp.isnan(best))
-                best = jnp.where(take, size[r], best)
-                p = jnp.where(take, r, p)
-            top, top_value = list(window[0]), values[0]
-            for r in range(1, R):
-                chosen = p == r
-                top = [select(chosen, w, t) for w, t in zip(window[r], top, strict=True)]
-                top_value = select(chosen, values[r], top_value)
-                window[r] = [select(chosen, w0, w) for w0, w in zip(window[0], window[r],
-                                                                     strict=True)]
-                values[r] = select(chosen, values[0], values[r])
-            window[0], values[0] = top, top_value
-        pivot = window[0][0]
-        if hermitian:
-            pivot = select(pivot.real > 0, pivot, jnp.nan)
-        inverse = 1 / pivot
-        head = window[0][1:]
-        rest, rest_values = [], []
-        for r in range(1, R):
-            m = window[r][0] * inverse
-            row = [w - m * head[c] if c < len(head) else w for c, w in enumerate(window[r][1:])]
-            if pivoting:
-                row.append(zero)
-            rest.append([full(v) for v in row])
-            rest_values.append(full(values[r] - m * values[0]))
+        inverse, head, y, rest, rest_values = _window.eliminate(
+            window, values, pivoting=pivoting, hermitian=hermitian, zero=zero, full=full)
         for ref, value in zip(u_refs, [inverse, *head[: kept - 1]], strict=True):
             rows.store(ref, j, value)
-        rows.store(y_ref, j, values[0])
+        rows.store(y_ref, j, y)
         return rest, rest_values
 
     first = ([load_row(r, r, row_length(r)) for r in range(lo)], [rhs(r) for r in range(lo)])
@@ -215,15 +188,8 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype,
     `default_tiles`); `compiler_params`: maps the tiles to the backend's CompilerParams
     (`_backend._triton_params`). Returns x, (P, N, Q) of `out_dtype`.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    K = l + u + 1
+    check_operands(ab, b, l=l, u=u, kind=kind)
     P, N, Q = b.shape
-    if ab.ndim != 4 or ab.shape[0] != K:
-        raise ValueError(f"ab must be ({K}, P|1, N|1, Q|1) for l={l}, u={u}, got {ab.shape}")
-    for size, full_size in zip(ab.shape[1:], b.shape, strict=True):
-        if size not in (1, full_size):
-            raise ValueError(f"ab {ab.shape} does not broadcast against b {b.shape}")
     out_dtype = np.dtype(out_dtype)
     if P * N * Q == 0:
         return jnp.zeros((P, N, Q), out_dtype)

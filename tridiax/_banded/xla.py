@@ -29,6 +29,18 @@ from .._core.split_complex import magnitude
 KINDS = ("banded", "banded_pivoted", "banded_hermitian")
 
 
+def check_operands(ab, b, *, l: int, u: int, kind: str) -> None:
+    """ValueError for a kind, or `ab` and `b` shapes, that the (P, N, Q) kernels do not take."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    K = l + u + 1
+    if ab.ndim != 4 or ab.shape[0] != K:
+        raise ValueError(f"ab must be ({K}, P|1, N|1, Q|1) for l={l}, u={u}, got {ab.shape}")
+    for size, full_size in zip(ab.shape[1:], b.shape, strict=True):
+        if size not in (1, full_size):
+            raise ValueError(f"ab {ab.shape} does not broadcast against b {b.shape}")
+
+
 def solve_pnq(ab: Array, b: Array, *, l: int, u: int, kind: str, transposed: bool,
               out_dtype) -> Array:
     """Solve A x = b (A^T x = b when `transposed`) for every system along axis 1.
