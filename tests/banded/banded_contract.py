@@ -238,17 +238,18 @@ def check(got, clean, b, l, u, transposed, dtype=None):
 def compiled(solve_pnq, **fixed):
     """A kernel `solve_pnq(ab, b, *, l, u, kind, transposed, out_dtype, **fixed)` as the
     contract's `solve` hook: compiled once per shapes and options at XLA's optimization level 0
-    (the kernels' loops compile in a fraction of the time), its answer a writable NumPy array."""
+    (the kernels' loops compile in a fraction of the time), its answer a writable NumPy array.
+    The hook passes any further (hashable) keyword options on to the kernel (a Pallas tile)."""
 
     @functools.cache
     def program(specs, options):
         fn = functools.partial(solve_pnq, **fixed, **dict(options))
         return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))
 
-    def solve(ab, b, *, l, u, kind, transposed, out_dtype=None):
+    def solve(ab, b, *, l, u, kind, transposed, out_dtype=None, **extra):
         args = (jnp.asarray(ab), jnp.asarray(b))
         options = dict(l=l, u=u, kind=kind, transposed=transposed,
-                       out_dtype=np.dtype(out_dtype or b.dtype))
+                       out_dtype=np.dtype(out_dtype or b.dtype), **extra)
         return np.array(program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()))(*args))
 
     return solve

@@ -31,11 +31,12 @@ from banded_contract import (
     assert_close,
     case_id,
     check,
+    compiled,
     condition,
     problem,
     xla_solve,
 )
-from helpers import compile_unoptimized, triton_kernels
+from helpers import triton_kernels
 
 from tridiax._banded import pallas_triton as _pallas_banded
 from tridiax._pallas.tiles import Tiles
@@ -43,19 +44,8 @@ from tridiax._pallas.tiles import Tiles
 BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0)]
 
 
-@functools.cache
-def _program(specs, options, tiles):
-    fn = functools.partial(_pallas_banded.solve_pnq, interpret=True, tiles=tiles, **dict(options))
-    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))
-
-
-def pallas(ab, b, *, l, u, kind, transposed, out_dtype=None, tiles=None):
-    """The interpret-mode kernel, compiled once per shapes, options and tiles."""
-    args = (jnp.asarray(ab), jnp.asarray(b))
-    options = dict(l=l, u=u, kind=kind, transposed=transposed,
-                   out_dtype=np.dtype(out_dtype or b.dtype))
-    program = _program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()), tiles)
-    return np.array(program(*args))
+# The interpret-mode kernel, compiled once per shapes, options and tiles (`tiles=`).
+pallas = compiled(_pallas_banded.solve_pnq, interpret=True)
 
 
 class TestPallasInterpret(BandedKernelContract):

@@ -43,12 +43,6 @@ from . import xla as _xla
 _HALO_ROWS = 16
 
 
-def kept_columns(l: int, u: int, kind: str, transposed: bool) -> int:
-    """Columns of U stored per row (1/pivot included): lo + up + 1 with pivoting, else up + 1."""
-    lo, up = (u, l) if transposed else (l, u)
-    return lo + up + 1 if kind == "banded_pivoted" else up + 1
-
-
 def _halo(g: _tpu.Geometry, l: int, u: int) -> int:
     """Rows of the previous chunk kept in front of each stage (none for one chunk)."""
     return 0 if g.chunks == 1 else -(-(l + u) // _HALO_ROWS) * _HALO_ROWS
@@ -109,7 +103,7 @@ def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direc
     width = lo + up + 1
     D = lo + up
     pivoting, hermitian = kind == "banded_pivoted", kind == "banded_hermitian"
-    kept = kept_columns(l, u, kind, transposed)
+    kept = _window.kept_columns(l, u, kind, transposed)
     u_refs, (y_ref, carry_ref, *refs) = refs[:kept], refs[kept:]
     staged_bands = K if op.kind == "rows" else 0
     band_stages, (b_stage, *refs) = refs[:staged_bands], refs[staged_bands:]
@@ -258,12 +252,18 @@ def _over_steps(g: _tpu.Geometry, j, D: int, fn) -> None:
         fn(last * C - D, g.N - last * C + D)
 
 
+def _carry_tiles(l: int, u: int, kind: str, transposed: bool) -> int:
+    """Row tiles of the carry scratch: the forward steps' window, or the back substitution's
+    kept - 1 values below a row."""
+    return max(_window.window_tiles(l, u, kind, transposed),
+               _window.kept_columns(l, u, kind, transposed) - 1, 1)
+
+
 def _plan(P, N, Q, ab, b, out_dtype, *, l, u, kind, transposed, budget=None):
     """The geometry of a banded solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`)."""
     K = l + u + 1
-    kept = kept_columns(l, u, kind, transposed)
-    lo = u if transposed else l
-    carry = (lo + 1) * (lo + u + l + 1) + lo + 1
+    kept = _window.kept_columns(l, u, kind, transposed)
+    carry = _carry_tiles(l, u, kind, transposed)
 
     def need(g):
         if g.chunks > 1 and l + u >= g.chunk:
@@ -312,7 +312,7 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, 
     b_op = _tpu.Operand("rows", staged=True)
     b_in, _ = _tpu.prepare(g, b)
     direct_out = not _tpu.staged(g, out_dtype)
-    kept = kept_columns(l, u, kind, transposed)
+    kept = _window.kept_columns(l, u, kind, transposed)
     C = g.chunks
 
     def chunk_in(k):
@@ -326,8 +326,7 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, 
     shape = (P, N) if g.layout == "transposed" else (P, N, Q)
     out_spec = _tpu.block_spec(g, _tpu.Operand("rows"), chunk_out)
     vmem = _tpu.pltpu.VMEM
-    lo = u if transposed else l
-    carry = max((lo + 1) * (lo + l + u + 1) + lo + 1, kept)
+    carry = _carry_tiles(l, u, kind, transposed)
     scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * (kept + 1)
     scratch.append(vmem((carry, *g.tile), jnp.float32))
     stage = vmem(_tpu.rows_shape(g, H + g.rows), jnp.float32)

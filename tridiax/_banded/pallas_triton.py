@@ -47,12 +47,6 @@ from . import window as _window
 from .xla import check_operands
 
 
-def kept_columns(l: int, u: int, kind: str, transposed: bool) -> int:
-    """Columns of U stored per row (1/pivot included): lo + up + 1 with pivoting, else up + 1."""
-    lo, up = (u, l) if transposed else (l, u)
-    return lo + up + 1 if kind == "banded_pivoted" else up + 1
-
-
 def window_words(l: int, u: int, kind: str, transposed: bool, dtype) -> int:
     """32-bit registers one system's window needs: its rows' entries that can be nonzero and
     their right-hand sides (a row of lo + up + 1 entries each with pivoting)."""
@@ -117,7 +111,7 @@ def _kernel(ab_ref, b_ref, x_ref, *work, n, l, u, kind, transposed, half, tiles,
     lo, up = (u, l) if transposed else (l, u)
     width = lo + up + 1
     pivoting, hermitian = kind == "banded_pivoted", kind == "banded_hermitian"
-    kept = kept_columns(l, u, kind, transposed)
+    kept = _window.kept_columns(l, u, kind, transposed)
     u_refs = work[:kept]
     y_ref = work[kept] if half else x_ref  # y[j] is read back just before x[j] overwrites it
     zero = rows.zero()
@@ -206,7 +200,7 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype,
 
     ab, b = operand(ab), operand(b)
     half = np.dtype(cdt) != out_dtype
-    kept = kept_columns(l, u, kind, transposed)
+    kept = _window.kept_columns(l, u, kind, transposed)
     tiles = tiles or default_tiles(P, Q, l=l, u=u, kind=kind, transposed=transposed,
                                    dtype=cdt)
     outs = [(N, d) for d in [out_dtype] + [cdt] * kept + ([cdt] if half else [])]

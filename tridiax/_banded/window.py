@@ -13,6 +13,21 @@ import jax.numpy as jnp
 from .._core.split_complex import magnitude, select
 
 
+def kept_columns(l: int, u: int, kind: str, transposed: bool) -> int:
+    """Columns of U stored per row (1/pivot included): lo + up + 1 with pivoting, else up + 1."""
+    lo, up = (u, l) if transposed else (l, u)
+    return lo + up + 1 if kind == "banded_pivoted" else up + 1
+
+
+def window_tiles(l: int, u: int, kind: str, transposed: bool) -> int:
+    """Tiles of the window a step carries to the next: rows 1..lo (the entries each can hold,
+    `eliminate`'s rest) and their right-hand sides."""
+    lo, up = (u, l) if transposed else (l, u)
+    width = lo + up + 1
+    rows = lo * width if kind == "banded_pivoted" else sum(r + up + 1 for r in range(lo))
+    return rows + lo
+
+
 def eliminate(window, values, *, pivoting: bool, hermitian: bool, zero, full=lambda v: v):
     """Step j of the elimination: with `pivoting`, the row of largest |W[r, 0]| (|Re| + |Im|)
     swapped to the top (first of equals; a NaN first, as jnp.argmax); then row 0 kept and
