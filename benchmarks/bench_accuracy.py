@@ -39,7 +39,7 @@ from _timing import add_json_option, machine, row, write_rows  # noqa: E402  ben
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from helpers import (  # noqa: E402  tests/support/helpers.py: the systems and the error measure
     PDE_SYSTEMS,
     PERIODIC_SYSTEMS,
@@ -51,6 +51,7 @@ from helpers import (  # noqa: E402  tests/support/helpers.py: the systems and t
 
 import tridiax  # noqa: E402
 from tridiax import verify  # noqa: E402
+from tridiax._core import backend as _backend  # noqa: E402
 from tridiax._core import planner as _planner
 from tridiax._tridiagonal.api import solve  # noqa: E402
 
@@ -171,8 +172,9 @@ def main():
             line = (f"{kind:17s}{system:17s}{n:8d} {layout:8s}{np.dtype(dtype).name:11s}"
                     f"{plan:22s}{sweep_error:9.1e}")
             for backend in args.backends:
-                if backend == "pallas_interpret" and n * batch > 100_000:
-                    line += f"{'-':>18s}"
+                too_slow = backend.endswith("_interpret") and n * batch > 100_000
+                if too_slow or _backend.unavailable(backend, dtype) is not None:
+                    line += f"{'-':>18s}"  # interpreted and large, or a dtype it cannot take
                     continue
                 x = tridiax_solve(kind, backend, *(arrange(b, layout) for b in bands),
                                   arrange(rhs, layout), axis)
