@@ -145,7 +145,8 @@ def _report() -> str:
         lines += _backend_table(platform)
         if platform == "tpu":
             lines.append("  bfloat16 and float16 run the Pallas TPU kernels too (eliminated in float32); "
-                         "float64 and complex run XLA's loops, and block solves (no TPU kernel yet)")
+                         "float64 and complex run XLA's loops, and blocks larger than "
+                         f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT}")
         if platform == "cuda":
             lines.append(f"  and plain solves of at most {_planner.GPU_LIBRARY_SYSTEMS} systems of at "
                          f"least {_planner.GPU_MIN_ROWS} rows: cuSPARSE gtsv2 (no backend= given)")

@@ -19,7 +19,6 @@ fusion emitters: a third of the compile time of the default, which dominates the
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 
@@ -27,27 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from block_contract import BlockKernelContract, assert_close, check, condition, problem, xla_solve
-from helpers import case_id, compile_unoptimized, triton_kernels
+from block_contract import BlockKernelContract, assert_close, check, compiled, condition, problem, xla_solve
+from helpers import case_id, triton_kernels
 
 from tridiax._block import pallas_triton as _pallas_block
 from tridiax._block import xla as _xla_block
 from tridiax._pallas.tiles import Tiles
 
-
-@functools.cache
-def _program(specs, options, tiles):
-    fn = functools.partial(_pallas_block.solve_pnq, interpret=True, tiles=tiles, **dict(options))
-    return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs),
-                               xla_cpu_use_fusion_emitters=False)
-
-
-def pallas(lower, diag, upper, b, *, kind, transposed, out_dtype=None, tiles=None):
-    """The interpret-mode kernel, compiled once per shapes, options and tiles."""
-    args = tuple(jnp.asarray(x) for x in (lower, diag, upper, b))
-    options = dict(kind=kind, transposed=transposed, out_dtype=np.dtype(out_dtype or b.dtype))
-    program = _program(tuple((a.shape, a.dtype) for a in args), tuple(options.items()), tiles)
-    return np.array(program(*args))
+# The interpret-mode kernel, compiled once per shapes, options and tiles.
+pallas = compiled(_pallas_block.solve_pnq, interpret=True)
 
 
 F32, F64, C64 = np.float32, np.float64, np.complex64

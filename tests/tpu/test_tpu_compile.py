@@ -84,6 +84,15 @@ def _solve(axis, **kinds):
     return lambda *a: tridiax.solve_tridiagonal(*a, axis=axis, **kinds)
 
 
+def _block(axis):
+    return lambda *a: tridiax.solve_block_tridiagonal(*a, axis=axis)
+
+
+def _block_specs(shape, k, dtype):
+    """Blocks and a vector right-hand side for systems of `shape`."""
+    return [((*shape, k, k), dtype)] * 3 + [((*shape, k), dtype)]
+
+
 def _factors(factorization):
     return factorization.lower_factor, factorization.inverse_pivots, factorization.upper_factor
 
@@ -136,6 +145,19 @@ ENTRY_POINTS = {
     # triangle before the kernel, so the program moves more than the floor
     "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
                           [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, False),
+    # block-tridiagonal solves: each operand read in the order a TPU stores it, the entries
+    # of a power-of-two block inside its rows ((k, 128) tiles), of other blocks outside them
+    "block-columns-f32": (_block(0), _block_specs((1000, 4096), 2, "float32"), 1, True),
+    "block-batch-first-f32": (_block(-1), _block_specs((4096, 1000), 2, "float32"), 1, True),
+    "block-middle-axis-k3-f32": (_block(1), _block_specs((8, 1000, 512), 3, "float32"), 1, True),
+    "block-middle-axis-bf16": (_block(1), _block_specs((8, 1000, 512), 4, "bfloat16"), 1, True),
+    "block-columns-k3-bf16": (_block(0), _block_specs((1000, 4096), 3, "bfloat16"), 1, True),
+    # one matrix (N, k, k) for every batch-first system: SMEM scalars
+    "block-one-matrix-f32": (_block(-1), [((1000, 2, 2), "float32")] * 3 + [((4096, 1000, 2), "float32")],
+                             1, True),
+    "block-k8-rhs-matrix-f32": (_block(0), [((500, 2048, 8, 8), "float32")] * 3
+                                + [((500, 2048, 8, 3), "float32")], 1, True),
+    "grad-block-f32": (_grad(_block(0), (0, 1, 2, 3)), _block_specs((1000, 4096), 2, "float32"), 2, False),
     # too long for VMEM: the partition method composed around the kernel (its chunk sweeps
     # write and re-read every row: about 8x the floor, not held to it), no XLA loop
     "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 6, False),
@@ -244,7 +266,7 @@ def test_other_generations(topology):
     """v4, v5p, v6e and 7x compile the kernels too, within their scoped VMEM, each kernel moving
     its operands and result once."""
     _require_harness()
-    names = ("solve-batch-first-f32", "solve-middle-axis-bf16", "grad-recurrence-f32")
+    names = ("solve-batch-first-f32", "solve-middle-axis-bf16", "grad-recurrence-f32", "block-middle-axis-k3-f32")
     reports = _reports(topology, names)
     for name, report in reports.items():
         if not report.error:

@@ -14,8 +14,8 @@
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
 | "pallas_tpu"       | Pallas Mosaic TPU kernels `<family>/pallas_tpu.py`   | TPUs; float32, bfloat16 and |
 |                    | (every tridiagonal kind, the factorization,          | float16 (computed in        |
-|                    | recurrences: identity, relu, tanh; banded solves);   | float32)                    |
-|                    | block solves run XLA's loop                          |                             |
+|                    | recurrences: identity, relu, tanh; banded and block  | float32)                    |
+|                    | solves)                                              |                             |
 | "pallas_tpu_       | the Pallas TPU kernels, interpreted (tests)          | anywhere, when asked for    |
 |  interpret"        |                                                      |                             |
 
@@ -157,6 +157,9 @@ def default_backend(platform: str, dtype, *, activation=None, op: str = "thomas"
 # k x k blocks live in registers, which larger blocks exhaust (they spill, and ptxas takes
 # minutes: tests/block/test_block_pallas.py compiles each k for an H100); larger k run XLA's loop.
 PALLAS_BLOCK_LIMIT = (6, 4)
+# Largest block size the Pallas TPU block kernel takes by default: its k x k blocks are unrolled
+# into k^3 row-tile operations per row (tests/tpu/test_tpu_compile.py compiles each k for a v5e).
+TPU_BLOCK_LIMIT = 8
 
 
 def default_block_backend(platform: str, dtype, k: int) -> str:
@@ -165,7 +168,7 @@ def default_block_backend(platform: str, dtype, k: int) -> str:
     complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
     if backend == "pallas_triton" and k > PALLAS_BLOCK_LIMIT[complex_]:
         return "xla"
-    if backend == "pallas_tpu":  # no TPU block kernel: its Kernels.block is XLA's loop
+    if backend == "pallas_tpu" and k > TPU_BLOCK_LIMIT:
         return "xla"
     return backend
 
@@ -311,7 +314,7 @@ def kernels(backend: str) -> Kernels:
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend in ("pallas_tpu", "pallas_tpu_interpret"):
-        return _tpu_kernels(backend, composed, _xla_block)
+        return _tpu_kernels(backend, composed)
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")
     options = ({"interpret": True} if backend == "pallas_interpret"
@@ -331,10 +334,11 @@ def kernels(backend: str) -> Kernels:
                     stack=backend != "pallas_triton")
 
 
-def _tpu_kernels(backend: str, composed, xla_block) -> Kernels:
+def _tpu_kernels(backend: str, composed) -> Kernels:
     """The Pallas TPU kernels: every tridiagonal kind (transposed too), the factorization,
-    the recurrences and banded solves; block solves run XLA's loop (no TPU kernel yet)."""
+    the recurrences, banded and block-tridiagonal solves."""
     from .._banded import pallas_tpu as _tpu_banded
+    from .._block import pallas_tpu as _tpu_block
     from .._recurrence import pallas_tpu as _tpu_recurrence
     from .._tridiagonal import pallas_tpu as _tpu_thomas
 
@@ -359,4 +363,7 @@ def _tpu_kernels(backend: str, composed, xla_block) -> Kernels:
     def banded(ab, b, **kwargs):
         return _tpu_banded.solve_pnq(ab, b, interpret=interpret, **kwargs)
 
-    return composed(solve, recurrence, factor, banded, xla_block.solve_pnq)
+    def block(lower, diag, upper, b, **kwargs):
+        return _tpu_block.solve_pnq(lower, diag, upper, b, interpret=interpret, **kwargs)
+
+    return composed(solve, recurrence, factor, banded, block)

@@ -1,0 +1,579 @@
+"""Block-tridiagonal solves as a Pallas Mosaic TPU kernel over the (P, N, Q) view.
+
+The algorithm is block Thomas, as `_xla_block.solve_pnq` states it for every backend, step for
+step in float32: row block i forms S = D'[i] - L'[i] E[i-1] and t = b[i] - L'[i] y[i-1] and
+eliminates S column by column (kind "block_pivoted": swapping up the row of largest |S[r, c]|,
+first of equals, a NaN first, as jnp.argmax; "block_hermitian": no swaps, a pivot that is not
+positive made NaN), then x[N-1] = y[N-1], x[i] = y[i] - E[i] x[i+1]. L', D', U' are the blocks
+of A, or of A^T when `transposed` (L'[i] = U[i-1]^T, D'[i] = D[i]^T, U'[i] = L[i+1]^T).
+
+No row reads ahead into the next chunk: E[i] = S_i^-1 U'[i] needs U'[i], which is L[i+1]^T
+when transposed, so row i keeps S_i's elimination (its multipliers, U and 1/pivot, and the
+pivot rows: k*k + k row tiles) and y[i] in the carry, and row i+1 applies it to U'[i] (carried
+from row i, or read at row i+1 when transposed). The elimination applied later is the one
+applied to the augmented columns [U'[i] | t] at once, in the same order, so the values are
+those of the XLA kernel. E[i-1] is stored at row i of its scratch, which the backward sweep
+reads one row early, as the tridiagonal kernels store c'[i-1].
+
+Systems are grouped into row tiles and rows into chunks as `_pallas/tpu.py` describes, in its
+"lanes" layout only: row tiles of s x 128 consecutive systems along the last batch axis, with
+Q == 1 batch-first systems (P, N, 1) taken as (1, N, P), and the k x k entries of a block row
+between the rows and the systems, (P, N, k, k, Q): the order in which a TPU stores
+(..., N, ..., k, k) blocks batched along a long axis (`f32[1000, 4096, 2, 2]` lies as
+(1000, 2, 2, 4096)), so that the kernel's operands are the arrays as stored. Entry (r, c) of
+block row i is one sublane of a (k, s*128) tile of the block, loaded at row i (a dynamic
+index along an untiled axis: bfloat16 loads too, no stage). E and y stay in VMEM scratch for
+the whole system (one row tile per entry and row), so the row tile narrows as N grows and
+systems too long for VMEM run XLA's loop (`fits`). The grid walks each group's chunks forward,
+then backward, in one pallas_call: every input is read once and x written once.
+
+Operands as `_tpu.operand` classifies them: blocks shared by every system are SMEM scalars
+(a stack of k*k (P|1, N) arrays, entries first), blocks constant along N one row tile per
+entry, others rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .._pallas import tpu as _tpu
+from . import xla as _xla
+
+KINDS = _xla.KINDS
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaussian elimination of a k x k block held as lists of row tiles.
+
+
+@dataclasses.dataclass(frozen=True)
+class Elimination:
+    """S's elimination: for column c, `pivots[c]` (the row swapped with row c, a float32 tile
+    of row numbers; None without pivoting), `multipliers[c]` (rows c+1.., after the swap) and
+    `upper[c]` (1/pivot, then U's row c right of the diagonal)."""
+
+    pivots: tuple
+    multipliers: tuple
+    upper: tuple
+
+    def values(self) -> list:
+        """Every tile, in a fixed order (the carry across rows)."""
+        out = [v for row in self.multipliers for v in row]
+        out += [v for row in self.upper for v in row]
+        return out + [p for p in self.pivots if p is not None]
+
+    @classmethod
+    def from_values(cls, values, k: int, pivoting: bool) -> Elimination:
+        values = list(values)
+        multipliers = []
+        for c in range(k):
+            multipliers.append(tuple(values[:k - c - 1]))
+            del values[:k - c - 1]
+        upper = []
+        for c in range(k):
+            upper.append(tuple(values[:k - c]))
+            del values[:k - c]
+        pivots = tuple(values[:k]) if pivoting else (None,) * k
+        return cls(pivots, tuple(multipliers), tuple(upper))
+
+
+def carry_size(k: int, pivoting: bool) -> int:
+    """Row tiles of an `Elimination`."""
+    return k * k + (k if pivoting else 0)
+
+
+def eliminate(S, *, pivoting: bool, hermitian: bool) -> Elimination:
+    """Eliminate S (k lists of k row tiles) column by column (module docstring)."""
+    k = len(S)
+    rows = [list(r) for r in S]
+    pivots, multipliers, upper = [], [], []
+    for c in range(k):
+        if pivoting:
+            # argmax of |rows[r][0]| over r >= c, first of equals; a NaN wins first.
+            size = [jnp.abs(row[0]) for row in rows]
+            best, p = size[0], jnp.zeros_like(size[0]) + c
+            for r in range(1, len(rows)):
+                take = (size[r] > best) | (jnp.isnan(size[r]) & ~jnp.isnan(best))
+                best, p = jnp.where(take, size[r], best), jnp.where(take, float(c + r), p)
+            rows = _swap_rows(rows, p, c)
+            pivots.append(p)
+        else:
+            pivots.append(None)
+        head, *rows = rows
+        pivot = head[0]
+        if hermitian:
+            pivot = jnp.where(pivot > 0, pivot, jnp.nan)
+        inverse = 1 / pivot
+        factors = [row[0] * inverse for row in rows]
+        rows = [[a - f * h for a, h in zip(row[1:], head[1:], strict=True)]
+                for f, row in zip(factors, rows, strict=True)]
+        multipliers.append(tuple(factors))
+        upper.append((inverse, *head[1:]))
+    return Elimination(tuple(pivots), tuple(multipliers), tuple(upper))
+
+
+def _swap_rows(rows, p, c: int):
+    """`rows` (rows c.. of a matrix, as lists) with row c exchanged with row p (a tile of row
+    numbers >= c), per system."""
+    top = rows[0]
+    out = [None] + list(rows[1:])
+    for r in range(1, len(rows)):
+        chosen = p == float(c + r)
+        top = [jnp.where(chosen, a, t) for a, t in zip(rows[r], top, strict=True)]
+        out[r] = [jnp.where(chosen, a0, a) for a0, a in zip(rows[0], rows[r], strict=True)]
+    out[0] = top
+    return out
+
+
+def apply(e: Elimination, R):
+    """S^-1 R for S's elimination `e` and R (k lists of w row tiles): the swaps and
+    eliminations in the order `eliminate` made them, then the back substitution."""
+    k = len(R)
+    rows = [list(r) for r in R]
+    for c in range(k):
+        if e.pivots[c] is not None:
+            rows[c:] = _swap_rows(rows[c:], e.pivots[c], c)
+        head = rows[c]
+        for f, r in zip(e.multipliers[c], range(c + 1, k), strict=True):
+            rows[r] = [a - f * h for a, h in zip(rows[r], head, strict=True)]
+    solution = []  # rows c + 1.. of the result
+    for c in reversed(range(k)):
+        inverse, *coefficients = e.upper[c]
+        rhs = rows[c]
+        for a, x in zip(coefficients, solution, strict=True):
+            rhs = [v - a * w for v, w in zip(rhs, x, strict=True)]
+        solution.insert(0, [v * inverse for v in rhs])
+    return solution
+
+
+def product(A, B):
+    """A B for lists of rows of tiles (summed in the order of `_xla_block._mm`)."""
+    return [[sum((row[s] * B[s][j] for s in range(1, len(B))), row[0] * B[0][j])
+             for j in range(len(B[0]))] for row in A]
+
+
+def _transpose(A):
+    return [list(col) for col in zip(*A, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Operands.
+
+
+ROLES = (("n", "r", "c"), ("n", "c", "r"), ("r", "c", "n"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrangement:
+    """The order of a "rows" operand's dimensions in the kernel: (p, *roles, q), the systems
+    along lanes last; `roles` orders its rows ("n") and its entries' rows and columns ("r",
+    "c"; left out where of size 1), as the TPU stores the operand (`arrangement`)."""
+
+    roles: tuple[str, ...]
+    r: int
+    c: int
+
+    def sizes(self, rows: int) -> tuple[int, ...]:
+        return tuple({"n": rows, "r": self.r, "c": self.c}[role] for role in self.roles)
+
+    def view(self, x):
+        """A (p, n, q, r, c) operand as the kernel takes it."""
+        p, n, q, _, _ = x.shape
+        x = jnp.transpose(x, (0, 3, 4, 1, 2))  # (p, r, c, n, q)
+        kept = [role for role in ("r", "c", "n") if role in self.roles]
+        x = x.reshape(p, *(x.shape[1 + ("r", "c", "n").index(role)] for role in kept), q)
+        return jnp.transpose(x, (0, *(1 + kept.index(role) for role in self.roles),
+                                 len(kept) + 1))
+
+    def unview(self, x, n: int):
+        """`view`'s inverse: the kernel's output as (p, n, q, r, c)."""
+        p, q = x.shape[0], x.shape[-1]
+        kept = [role for role in ("r", "c", "n") if role in self.roles]
+        x = jnp.transpose(x, (0, *(1 + self.roles.index(role) for role in kept),
+                              len(kept) + 1))
+        return jnp.transpose(x.reshape(p, self.r, self.c, n, q), (0, 3, 4, 1, 2))
+
+    @property
+    def rows_minor(self) -> bool:
+        """Whether rows lie along sublanes (a row is one sublane of a (rows, 128) tile)."""
+        return self.roles[-1] == "n"
+
+    def index(self, i, a: int, b: int):
+        """The index of entry (a, b) of row i in the kernel's block (the second-minor one a
+        one-sublane slice); i None: every row."""
+        out = [{"n": slice(None) if i is None else i, "r": a, "c": b}[role]
+               for role in self.roles]
+        if i is not None or not self.rows_minor:
+            out[-1] = pl.ds(out[-1], 1)
+        return (*out, slice(None))
+
+    def spec(self, g, p_full: bool, chunk_of):
+        place = self.roles.index("n")
+        return pl.BlockSpec(
+            (None, *self.sizes(g.rows), g.s * _tpu.LANES),
+            lambda a, b, s: (a if p_full else 0,
+                             *(chunk_of(s) if d == place else 0 for d in range(len(self.roles))),
+                             b))
+
+
+def arrangement(shape, dtype, r: int, c: int, *, swapped: bool) -> Arrangement:
+    """How the kernel takes a (p, n, q, r, c) operand (`swapped`: Q == 1 systems, p and q
+    exchanged): in the order the TPU being lowered for stores it (a bitcast), where that is one
+    of ROLES with the systems minor. Elsewhere as a TPU stores such arrays: an entry axis whose
+    size is a power of two as the second-minor (its (size, 128) tiles do not pad), else the
+    rows ((8, 128) tiles of rows and systems)."""
+    entries = [d for d, size in ((3, r), (4, c)) if size > 1]
+    # The layout of the array as a user holds it: a vector right-hand side has no column axis.
+    query = tuple(shape[d] for d in (0, 1, 2, *entries))
+    minor_to_major = _tpu.default_minor_to_major(query, dtype)
+    sizes = dict(zip("pnqrc", shape, strict=True))
+    if swapped:
+        sizes["p"], sizes["q"] = sizes["q"], sizes["p"]
+    candidates = [Arrangement(tuple(d for d in roles if d == "n" or sizes[d] > 1), r, c)
+                  for roles in ROLES]
+    if minor_to_major is not None:
+        names = ("q", "n", "p") if swapped else ("p", "n", "q")
+        names += tuple("-rc"[d - 2] for d in entries)
+        stored = [names[d] for d in reversed(minor_to_major) if query[d] > 1]
+        for candidate in candidates:
+            order = ["p", *candidate.roles, "q"]
+            if [d for d in order if d in stored] == stored:
+                return candidate
+
+    def tiles_whole(size):
+        return 1 < size <= _tpu.SUBLANES and size & (size - 1) == 0
+
+    if tiles_whole(c) or (c == 1 and tiles_whole(r)):
+        return candidates[0]
+    return candidates[1 if tiles_whole(r) else 2]
+
+
+class _Entries:
+    """Row i of a block operand (r x c entries per row) inside the kernel, as row tiles."""
+
+    def __init__(self, g, op, ref, r: int, c: int, arranged: Arrangement | None = None,
+                 stage=None):
+        self.g, self.op, self.ref, self.r, self.c = g, op, ref, r, c
+        self.arranged, self.stage = arranged, stage
+
+    def stage_in(self):
+        """Fill the float32 stage from the block (16-bit rows along sublanes: a packed row
+        cannot be loaded at a dynamic index)."""
+        for a in range(self.r):
+            for b in range(self.c):
+                self.stage[a * self.c + b] = self.ref[self.arranged.index(None, a, b)].astype(
+                    jnp.float32)
+
+    def load(self, i):
+        """The r x c entries of row i (a list of rows of float32 tiles)."""
+        g, ref = self.g, self.ref
+        if self.op.kind == "tile":
+            return [[ref[a * self.c + b] for b in range(self.c)] for a in range(self.r)]
+        if self.op.kind == "scalar":
+            return [[jnp.full(g.tile, ref[a * self.c + b, 0, i], jnp.float32)
+                     for b in range(self.c)] for a in range(self.r)]
+        if self.stage is not None:
+            return [[self.stage[a * self.c + b, pl.ds(i, 1), :].reshape(g.tile)
+                     for b in range(self.c)] for a in range(self.r)]
+        return [[ref[self.arranged.index(i, a, b)].astype(jnp.float32).reshape(g.tile)
+                 for b in range(self.c)] for a in range(self.r)]
+
+
+class _Scratch:
+    """r x c entries per row of a whole system: a float32 (r*c*total_rows, s*128) scratch,
+    entry e of row i at row e*total_rows + i."""
+
+    def __init__(self, g, ref, r: int, c: int):
+        self.g, self.ref, self.r, self.c = g, ref, r, c
+
+    def _row(self, e: int, i):
+        return pl.ds(e * self.g.total_rows + i, 1)
+
+    def load(self, i):
+        return [[self.ref[self._row(a * self.c + b, i), :].reshape(self.g.tile)
+                 for b in range(self.c)] for a in range(self.r)]
+
+    def chunk(self, e: int, offset):
+        """Entry e of the rows of the chunk at `offset` ((rows, s*128))."""
+        return self.ref[pl.ds(e * self.g.total_rows + offset, self.g.rows), :]
+
+    def store(self, i, values):
+        for a, row in enumerate(values):
+            for b, v in enumerate(row):
+                self.ref[self._row(a * self.c + b, i), :] = v.reshape(1, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel.
+
+
+def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
+    """Refs: the blocks' (lower, diag, upper) and b's, x's block, the E and y scratches, the
+    carry, the float32 stages of staged operands (`staged`: which of the four are)."""
+    (l_ref, d_ref, u_ref, b_ref, x_ref, e_ref, y_ref, carry_ref), stages = refs[:8], refs[8:]
+    stages = list(stages)
+    C = g.chunks
+    step = pl.program_id(2)
+    pivoting, hermitian = kind == "block_pivoted", kind == "block_hermitian"
+    shapes = [(k, k)] * 3 + [(k, m)]
+    operands = [_Entries(g, op, ref, r, c, how, stages.pop(0) if stage else None)
+                for op, ref, (r, c), how, stage in zip(
+                    (*ops, _tpu.Operand("rows")), (l_ref, d_ref, u_ref, b_ref), shapes, arranged,
+                    staged, strict=True)]
+    lower, diag, upper, rhs = operands
+    es, ys = _Scratch(g, e_ref, k, k), _Scratch(g, y_ref, k, m)
+    out = arranged[3]
+    n_fact = carry_size(k, pivoting)
+    zero = jnp.zeros(g.tile, jnp.float32)
+
+    def load_carry(count):
+        return [carry_ref[n] for n in range(count)]
+
+    def store_carry(values):
+        for n, value in enumerate(values):
+            carry_ref[n] = value
+
+    def unflatten(values, c):
+        return [list(values[a * c:(a + 1) * c]) for a in range(k)]
+
+    def flat(A):
+        return [v for row in A for v in row]
+
+    def subtract(A, B):
+        return [[a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(A, B, strict=True)]
+
+    carried = n_fact + k * m + k * k  # S's elimination, y[i-1], the block carried (U[i-1])
+
+    @pl.when(step < C)
+    def _():
+        j = step
+        start = j * g.chunk
+        offset = j * g.rows
+        for operand in operands:
+            if operand.stage is not None:
+                operand.stage_in()
+
+        @pl.when(step == 0)
+        def _():
+            store_carry([zero] * carried)
+
+        def run(count):
+            def row(i, carry):
+                first = start + i == 0
+                fact = Elimination.from_values(carry[:n_fact], k, pivoting)
+                y_prev = unflatten(carry[n_fact:n_fact + k * m], m)
+                u_prev = unflatten(carry[n_fact + k * m:], k)  # U[i-1]
+                # E[i-1] = S_{i-1}^-1 U'[i-1], with U'[i-1] = U[i-1], or L[i]^T
+                sup_prev = _transpose(lower.load(i)) if transposed else u_prev
+                e_prev = [[jnp.where(first, 0.0, v) for v in row]
+                          for row in apply(fact, sup_prev)]
+                es.store(offset + i, e_prev)
+                sub = _transpose(u_prev) if transposed else lower.load(i)  # L'[i]
+                sub = [[jnp.where(first, 0.0, v) for v in row] for row in sub]
+                d = _transpose(diag.load(i)) if transposed else diag.load(i)
+                fact = eliminate(subtract(d, product(sub, e_prev)), pivoting=pivoting,
+                                 hermitian=hermitian)
+                y = apply(fact, subtract(rhs.load(i), product(sub, y_prev)))
+                ys.store(offset + i, y)
+                return (*fact.values(), *flat(y), *flat(upper.load(i)))
+
+            store_carry(_tpu.loop(count, row, tuple(load_carry(carried))))
+
+        _tpu.over_rows(g, j, run)
+
+    @pl.when(step >= C)
+    def _():
+        j = 2 * C - 1 - step
+        offset = j * g.rows
+        in_place = out.rows_minor and x_ref.dtype.itemsize < 4  # x through y's scratch
+
+        @pl.when(step == C)
+        def _():
+            store_carry([zero] * (k * m + k * k))
+
+        def run(count):
+            def row(i, carry):
+                x_next, e_next = unflatten(carry[:k * m], m), unflatten(carry[k * m:], k)
+                # x[i] = y[i] - E[i] x[i+1] (E[i] stored at row i+1; zero at row N-1)
+                x = subtract(ys.load(offset + i), product(e_next, x_next))
+                if in_place:
+                    ys.store(offset + i, x)
+                else:
+                    for a, values in enumerate(x):
+                        for b, v in enumerate(values):
+                            x_ref[out.index(i, a, b)] = v.reshape(1, -1).astype(x_ref.dtype)
+                return (*flat(x), *flat(es.load(offset + i)))
+
+            store_carry(_tpu.loop(count, row, tuple(load_carry(k * m + k * k)), reverse=True))
+
+        _tpu.over_rows(g, j, run)
+        if in_place:
+            for a in range(k):
+                for b in range(m):
+                    x_ref[out.index(None, a, b)] = ys.chunk(a * m + b, offset).astype(
+                        x_ref.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning and the call.
+
+
+def _lanes_geometry(P, N, Q, need, budget):
+    """`_tpu.geometry`, in the "lanes" layout whatever (P, Q) are, with chunks down to 32 rows
+    (large blocks take many row tiles a row)."""
+    s = min(_tpu.SUBLANES, -(-Q // _tpu.LANES))
+    while s >= 1:
+        for chunk in (_tpu.CHUNK, _tpu.CHUNK // 2, _tpu.CHUNK // 4, _tpu.CHUNK // 8):
+            chunks = 1 if N <= chunk else -(-N // chunk)
+            g = _tpu.Geometry("lanes", P, N, Q, s, _tpu.LANES, chunk, chunks)
+            if need(g) <= budget:
+                return g
+        s //= 2
+    return None
+
+
+def _block_bytes(g, how: Arrangement, dtype) -> int:
+    """VMEM bytes of one buffer of a "rows" operand's block: its second-minor dimension in
+    whole tiles (8 rows; 16 for 16-bit types)."""
+    itemsize = jnp.dtype(dtype).itemsize
+    *major, minor = how.sizes(g.rows)
+    tile = _tpu.SUBLANES * max(1, 4 // itemsize)
+    return math.prod(major) * (-(-minor // tile) * tile) * g.s * _tpu.LANES * itemsize
+
+
+def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
+    """The geometry of a solve of (P, N, Q) systems (the lanes view) in `budget` bytes of
+    VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of lower, diag, upper and b."""
+    carried = carry_size(k, kind == "block_pivoted") + k * m + k * k
+
+    def need(g):
+        total = 0
+        for (shape, dtype, how), r, c in zip(operands, (k, k, k, k), (k, k, k, m), strict=True):
+            op = _tpu.operand(g, shape, dtype)
+            if op.kind == "rows":
+                total += 2 * _block_bytes(g, how, dtype)
+                if _staged(how, dtype):
+                    total += r * c * g.rows * g.row_tile_bytes()
+            elif op.kind == "tile":
+                total += 2 * r * c * g.row_tile_bytes()
+            else:
+                total += 2 * _tpu.SUBLANES * g.scalar_rows * r * c * 4
+        total += 2 * _block_bytes(g, operands[3][2], out_dtype)
+        total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
+        return total + carried * g.row_tile_bytes()
+
+    return _lanes_geometry(P, N, Q, need, budget)
+
+
+def _staged(how: Arrangement, dtype) -> bool:
+    """Whether a "rows" operand is read through a float32 stage."""
+    return how.rows_minor and jnp.dtype(dtype).itemsize < 4
+
+
+def _swap(x):
+    """Batch-first systems (Q == 1) along lanes: (P, N, 1, ...) as (1, N, P, ...)."""
+    return jnp.swapaxes(x, 0, 2)
+
+
+def _prepare(g, x, op, how: Arrangement):
+    """The array to pass for a (p, n, q, r, c) operand."""
+    p, n, q, r, c = x.shape
+    if op.kind == "tile":
+        return jnp.stack([_tpu.tiles_of(g, x[:, :, :, a, b]) for a in range(r)
+                          for b in range(c)])
+    if op.kind == "scalar":  # entries first, as a TPU stores (N, k, k) blocks
+        return jnp.moveaxis(x[:, :, 0], (2, 3), (0, 1)).reshape(r * c, p, n).astype(jnp.float32)
+    return how.view(x)
+
+
+def _spec(g, op, chunk_of, how: Arrangement, entries: int):
+    if op.kind == "rows":
+        return how.spec(g, op.p_full, chunk_of)
+    return _tpu.block_spec(g, op, chunk_of, stack=entries)
+
+
+def _setup(lower, diag, upper, b, out_dtype, *, kind, budget):
+    """The lanes view of the operands, their arrangements and the geometry (None: too long
+    for VMEM)."""
+    P, N, Q, k, m = b.shape
+    swapped = Q == 1 and P > 1
+    operands, views = [], []
+    for x, c in ((lower, k), (diag, k), (upper, k), (b, m)):
+        how = arrangement(x.shape, x.dtype, k, c, swapped=swapped)
+        view = _swap(x) if swapped else x
+        operands.append(((view.shape[0], view.shape[1], view.shape[2]), view.dtype, how))
+        views.append(view)
+    Pv, _, Qv = operands[3][0]
+    g = _plan(Pv, N, Qv, operands, out_dtype, k=k, m=m, kind=kind, budget=budget)
+    return g, views, operands, swapped
+
+
+def fits(P: int, N: int, Q: int, dtype, *, k: int, m: int = 1, kind: str = "block",
+         budget=None) -> bool:
+    """Whether a solve of (P, N, Q) systems of k x k blocks fits `budget` bytes of VMEM (all
+    operands full; None: `_tpu.VMEM_BUDGET`)."""
+    blocks = [jax.ShapeDtypeStruct((P, N, Q, k, k), dtype)] * 3
+    b = jax.ShapeDtypeStruct((P, N, Q, k, m), dtype)
+    g, *_ = _setup(*blocks, b, dtype, kind=kind,
+                   budget=_tpu.VMEM_BUDGET if budget is None else budget)
+    return g is not None
+
+
+def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, interpret=None):
+    """Solve A x = b (A^T x = b when `transposed`) for every block-tridiagonal system along
+    axis 1, with the semantics of `_xla_block.solve_pnq`: `lower`, `diag`, `upper` (P|1, N|1,
+    Q|1, k, k) blocks, `b` (P, N, Q, k, m). Returns x, (P, N, Q, k, m) of `out_dtype`.
+    `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU.
+    Systems too long for VMEM (`fits`) are solved by XLA's loop."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    P, N, Q, k, m = b.shape
+    out_dtype = jnp.dtype(out_dtype)
+    if b.size == 0:
+        return jnp.zeros(b.shape, out_dtype)
+    budget = _tpu.vmem()
+    g, views, operands, swapped = _setup(lower, diag, upper, b, out_dtype, kind=kind,
+                                         budget=budget.budget)
+    if g is None:
+        return _xla.solve_pnq(lower, diag, upper, b, kind=kind, transposed=transposed,
+                              out_dtype=out_dtype)
+    ops = [_tpu.operand(g, shape, dtype) for shape, dtype, _ in operands[:3]]
+    arranged = [how for _, _, how in operands]
+    rows = _tpu.Operand("rows")
+    C = g.chunks
+
+    def chunk_in(s):
+        return jnp.minimum(s, C - 1)
+
+    def chunk_out(s):
+        return jnp.clip(2 * C - 1 - s, 0, C - 1)
+
+    inputs = [_prepare(g, x, op, how) for x, op, how in zip(views, (*ops, rows), arranged,
+                                                            strict=True)]
+    entries = (k * k, k * k, k * k, k * m)
+    in_specs = [_spec(g, op, chunk_in, how, e)
+                for op, how, e in zip((*ops, rows), arranged, entries, strict=True)]
+    staged = [op.kind == "rows" and _staged(how, x.dtype)
+              for op, how, x in zip((*ops, rows), arranged, views, strict=True)]
+    vmem = _tpu.pltpu.VMEM
+    lanes = g.s * _tpu.LANES
+    carried = carry_size(k, kind == "block_pivoted") + k * m + k * k
+    scratch = [vmem((k * k * g.total_rows, lanes), jnp.float32),
+               vmem((k * m * g.total_rows, lanes), jnp.float32),
+               vmem((carried, *g.tile), jnp.float32)]
+    scratch += [vmem((e, g.rows, lanes), jnp.float32)
+                for e, stage in zip(entries, staged, strict=True) if stage]
+    kernel = functools.partial(_kernel, g=g, ops=ops, arranged=arranged, staged=staged, k=k,
+                               m=m, kind=kind, transposed=transposed)
+    out_shape = jax.ShapeDtypeStruct(inputs[3].shape, out_dtype)
+    (x,) = _tpu.call(kernel, g, inputs, in_specs, [out_shape],
+                     [_spec(g, rows, chunk_out, arranged[3], k * m)], scratch, steps=2 * C,
+                     name=f"tridiax_{kind}_tpu", vmem_limit=budget.limit, interpret=interpret)
+    x = arranged[3].unview(x, N)
+    return _swap(x) if swapped else x
