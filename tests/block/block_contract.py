@@ -7,7 +7,9 @@ lower[i] x[i-1] + diag[i] x[i] + upper[i] x[i+1], the blocks (P|1, N|1, Q|1, k, 
 axis is broadcast). `kind`: "block" (no row interchanges), "block_pivoted" (partial pivoting
 inside each diagonal block; of equal magnitudes |Re| + |Im| the first row, as LAPACK's getrf)
 or "block_hermitian" (no interchanges; a Schur complement that is not positive definite makes
-its own system NaN, and no other). A singular block spoils its own system alone. lower[0] and
+its own system NaN, and no other; it is bound with upper[i] = lower[i+1]^H, as
+`solveh_block_tridiagonal` forms it, which a kernel may read from lower instead). A singular
+block spoils its own system alone. lower[0] and
 upper[N-1] lie outside the matrix and are never read, whatever they hold. float16 and bfloat16
 are solved in float32 and rounded once.
 

@@ -157,6 +157,9 @@ ENTRY_POINTS = {
                              1, True),
     "block-k8-rhs-matrix-f32": (_block(0), [((500, 2048, 8, 8), "float32")] * 3
                                 + [((500, 2048, 8, 3), "float32")], 1, True),
+    # a Hermitian matrix's upper blocks read from its lower ones in the kernel: not formed by XLA
+    "solveh-block-batch-first-k3-bf16": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=-1),
+                                         _block_specs((4096, 1000), 3, "bfloat16")[1:], 1, True),
     "grad-block-f32": (_grad(_block(0), (0, 1, 2, 3)), _block_specs((1000, 4096), 2, "float32"), 2, False),
     # too long for VMEM: the partition method composed around the kernel (its chunk sweeps
     # write and re-read every row: about 8x the floor, not held to it), no XLA loop

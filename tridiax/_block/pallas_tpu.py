@@ -314,21 +314,22 @@ class _Scratch:
 
 
 def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
-    """Refs: the blocks' (lower, diag, upper) and b's, x's block, the E and y scratches, the
-    carry, the float32 stages of staged operands (`staged`: which of the four are)."""
-    (l_ref, d_ref, u_ref, b_ref, x_ref, e_ref, y_ref, carry_ref), stages = refs[:8], refs[8:]
-    stages = list(stages)
+    """Refs: the blocks' (lower, diag and, unless Hermitian, upper) and b's, x's block, the E
+    and y scratches, the carry, the float32 stages of staged operands (`staged`: which of the
+    inputs are)."""
+    n_in = len(ops) + 1
+    in_refs, (x_ref, e_ref, y_ref, carry_ref), stages = (refs[:n_in], refs[n_in:n_in + 4],
+                                                           list(refs[n_in + 4:]))
     C = g.chunks
     step = pl.program_id(2)
     pivoting, hermitian = kind == "block_pivoted", kind == "block_hermitian"
-    shapes = [(k, k)] * 3 + [(k, m)]
+    shapes = [(k, k)] * len(ops) + [(k, m)]
     operands = [_Entries(g, op, ref, r, c, how, stages.pop(0) if stage else None)
                 for op, ref, (r, c), how, stage in zip(
-                    (*ops, _tpu.Operand("rows")), (l_ref, d_ref, u_ref, b_ref), shapes, arranged,
-                    staged, strict=True)]
-    lower, diag, upper, rhs = operands
+                    (*ops, _tpu.Operand("rows")), in_refs, shapes, arranged, staged, strict=True)]
+    lower, diag, *upper, rhs = operands
     es, ys = _Scratch(g, e_ref, k, k), _Scratch(g, y_ref, k, m)
-    out = arranged[3]
+    out = arranged[-1]
     n_fact = carry_size(k, pivoting)
     zero = jnp.zeros(g.tile, jnp.float32)
 
@@ -348,7 +349,7 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
     def subtract(A, B):
         return [[a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(A, B, strict=True)]
 
-    carried = n_fact + k * m + k * k  # S's elimination, y[i-1], the block carried (U[i-1])
+    carried = _carried(k, m, kind)  # S's elimination, y[i-1], U[i-1] (unless Hermitian)
 
     @pl.when(step < C)
     def _():
@@ -368,20 +369,26 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
                 first = start + i == 0
                 fact = Elimination.from_values(carry[:n_fact], k, pivoting)
                 y_prev = unflatten(carry[n_fact:n_fact + k * m], m)
-                u_prev = unflatten(carry[n_fact + k * m:], k)  # U[i-1]
-                # E[i-1] = S_{i-1}^-1 U'[i-1], with U'[i-1] = U[i-1], or L[i]^T
-                sup_prev = _transpose(lower.load(i)) if transposed else u_prev
+                # U'[i-1] and L'[i]: U[i-1] and L[i], or L[i]^T and U[i-1]^T; a Hermitian
+                # (real symmetric) matrix has U[i-1] = L[i]^T, in either orientation.
+                if hermitian:
+                    sub = lower.load(i)
+                    sup_prev = _transpose(sub)
+                else:
+                    u_prev = unflatten(carry[n_fact + k * m:], k)
+                    sup_prev = _transpose(lower.load(i)) if transposed else u_prev
+                    sub = _transpose(u_prev) if transposed else lower.load(i)
+                # E[i-1] = S_{i-1}^-1 U'[i-1]
                 e_prev = [[jnp.where(first, 0.0, v) for v in row]
                           for row in apply(fact, sup_prev)]
                 es.store(offset + i, e_prev)
-                sub = _transpose(u_prev) if transposed else lower.load(i)  # L'[i]
                 sub = [[jnp.where(first, 0.0, v) for v in row] for row in sub]
                 d = _transpose(diag.load(i)) if transposed else diag.load(i)
                 fact = eliminate(subtract(d, product(sub, e_prev)), pivoting=pivoting,
                                  hermitian=hermitian)
                 y = apply(fact, subtract(rhs.load(i), product(sub, y_prev)))
                 ys.store(offset + i, y)
-                return (*fact.values(), *flat(y), *flat(upper.load(i)))
+                return (*fact.values(), *flat(y), *(v for u in upper for v in flat(u.load(i))))
 
             store_carry(_tpu.loop(count, row, tuple(load_carry(carried))))
 
@@ -449,12 +456,14 @@ def _block_bytes(g, how: Arrangement, dtype) -> int:
 
 def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
     """The geometry of a solve of (P, N, Q) systems (the lanes view) in `budget` bytes of
-    VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of lower, diag, upper and b."""
-    carried = carry_size(k, kind == "block_pivoted") + k * m + k * k
+    VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of the blocks and b."""
+    carried = _carried(k, m, kind)
 
     def need(g):
         total = 0
-        for (shape, dtype, how), r, c in zip(operands, (k, k, k, k), (k, k, k, m), strict=True):
+        columns = [k] * (len(operands) - 1) + [m]
+        for (shape, dtype, how), c in zip(operands, columns, strict=True):
+            r = k
             op = _tpu.operand(g, shape, dtype)
             if op.kind == "rows":
                 total += 2 * _block_bytes(g, how, dtype)
@@ -464,7 +473,7 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
                 total += 2 * r * c * g.row_tile_bytes()
             else:
                 total += 2 * _tpu.SUBLANES * g.scalar_rows * r * c * 4
-        total += 2 * _block_bytes(g, operands[3][2], out_dtype)
+        total += 2 * _block_bytes(g, operands[-1][2], out_dtype)
         total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
         return total + carried * g.row_tile_bytes()
 
@@ -498,18 +507,26 @@ def _spec(g, op, chunk_of, how: Arrangement, entries: int):
     return _tpu.block_spec(g, op, chunk_of, stack=entries)
 
 
+def _carried(k: int, m: int, kind: str) -> int:
+    """Row tiles the forward sweep carries: S's elimination, y and (unless Hermitian) U."""
+    return (carry_size(k, kind == "block_pivoted") + k * m
+            + (0 if kind == "block_hermitian" else k * k))
+
+
 def _setup(lower, diag, upper, b, out_dtype, *, kind, budget):
-    """The lanes view of the operands, their arrangements and the geometry (None: too long
-    for VMEM)."""
+    """The lanes view of the operands the kernel reads (a Hermitian matrix's upper blocks are
+    its lower ones', not read), their arrangements and the geometry (None: too long for
+    VMEM)."""
     P, N, Q, k, m = b.shape
     swapped = Q == 1 and P > 1
     operands, views = [], []
-    for x, c in ((lower, k), (diag, k), (upper, k), (b, m)):
+    blocks = (lower, diag) if kind == "block_hermitian" else (lower, diag, upper)
+    for x, c in [*((x, k) for x in blocks), (b, m)]:
         how = arrangement(x.shape, x.dtype, k, c, swapped=swapped)
         view = _swap(x) if swapped else x
         operands.append(((view.shape[0], view.shape[1], view.shape[2]), view.dtype, how))
         views.append(view)
-    Pv, _, Qv = operands[3][0]
+    Pv, _, Qv = operands[-1][0]
     g = _plan(Pv, N, Qv, operands, out_dtype, k=k, m=m, kind=kind, budget=budget)
     return g, views, operands, swapped
 
@@ -530,7 +547,9 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     axis 1, with the semantics of `_xla_block.solve_pnq`: `lower`, `diag`, `upper` (P|1, N|1,
     Q|1, k, k) blocks, `b` (P, N, Q, k, m). Returns x, (P, N, Q, k, m) of `out_dtype`.
     `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU.
-    Systems too long for VMEM (`fits`) are solved by XLA's loop."""
+    Systems too long for VMEM (`fits`) are solved by XLA's loop. Kind "block_hermitian" takes
+    upper[i] = lower[i+1]^T (as `solveh_block_tridiagonal` binds it) and reads it from
+    `lower`, so that XLA need not form `upper`."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     P, N, Q, k, m = b.shape
@@ -543,7 +562,7 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     if g is None:
         return _xla.solve_pnq(lower, diag, upper, b, kind=kind, transposed=transposed,
                               out_dtype=out_dtype)
-    ops = [_tpu.operand(g, shape, dtype) for shape, dtype, _ in operands[:3]]
+    ops = [_tpu.operand(g, shape, dtype) for shape, dtype, _ in operands[:-1]]
     arranged = [how for _, _, how in operands]
     rows = _tpu.Operand("rows")
     C = g.chunks
@@ -556,14 +575,14 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
 
     inputs = [_prepare(g, x, op, how) for x, op, how in zip(views, (*ops, rows), arranged,
                                                             strict=True)]
-    entries = (k * k, k * k, k * k, k * m)
+    entries = (k * k,) * len(ops) + (k * m,)
     in_specs = [_spec(g, op, chunk_in, how, e)
                 for op, how, e in zip((*ops, rows), arranged, entries, strict=True)]
     staged = [op.kind == "rows" and _staged(how, x.dtype)
               for op, how, x in zip((*ops, rows), arranged, views, strict=True)]
     vmem = _tpu.pltpu.VMEM
     lanes = g.s * _tpu.LANES
-    carried = carry_size(k, kind == "block_pivoted") + k * m + k * k
+    carried = _carried(k, m, kind)
     scratch = [vmem((k * k * g.total_rows, lanes), jnp.float32),
                vmem((k * m * g.total_rows, lanes), jnp.float32),
                vmem((carried, *g.tile), jnp.float32)]
@@ -571,9 +590,9 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
                 for e, stage in zip(entries, staged, strict=True) if stage]
     kernel = functools.partial(_kernel, g=g, ops=ops, arranged=arranged, staged=staged, k=k,
                                m=m, kind=kind, transposed=transposed)
-    out_shape = jax.ShapeDtypeStruct(inputs[3].shape, out_dtype)
+    out_shape = jax.ShapeDtypeStruct(inputs[-1].shape, out_dtype)
     (x,) = _tpu.call(kernel, g, inputs, in_specs, [out_shape],
-                     [_spec(g, rows, chunk_out, arranged[3], k * m)], scratch, steps=2 * C,
+                     [_spec(g, rows, chunk_out, arranged[-1], k * m)], scratch, steps=2 * C,
                      name=f"tridiax_{kind}_tpu", vmem_limit=budget.limit, interpret=interpret)
-    x = arranged[3].unview(x, N)
+    x = arranged[-1].unview(x, N)
     return _swap(x) if swapped else x
