@@ -139,6 +139,9 @@ def compile_reports(cases: Mapping[str, tuple[str, Sequence[Spec]]], *, topology
                TPU_WORKER_HOSTNAMES="localhost", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")  # quiets libtpu's start-up probing
+    # libtpu takes a machine-wide lockfile unless told otherwise: compiles in parallel processes
+    # (pytest-xdist's workers, a benchmark beside the tests) would otherwise refuse to start.
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with tempfile.TemporaryDirectory(prefix="tpu_aot_") as tmp:
         request_file, result_file = pathlib.Path(tmp, "request.json"), pathlib.Path(tmp, "result.json")
         request_file.write_text(json.dumps(request))
