@@ -28,7 +28,7 @@ DTYPES = ("float32", "float64", "complex64", "complex128")
 # (name, how its backend is chosen): the rows of the backend table.
 OPERATIONS = (
     ("solve_tridiagonal (every kind)", lambda p, dt: _backend.default_backend(p, dt)),
-    ("solve_banded", lambda p, dt: _backend.default_backend(p, dt)),
+    ("solve_banded", lambda p, dt: _backend.default_backend(p, dt, op="banded")),
     ("solve_block_tridiagonal k=2", lambda p, dt: _backend.default_block_backend(p, dt, 2)),
     ("solve_block_tridiagonal k=8", lambda p, dt: _backend.default_block_backend(p, dt, 8)),
     ("linear_recurrence", lambda p, dt: _backend.default_backend(p, dt, op="recurrence")),
@@ -145,8 +145,9 @@ def _report() -> str:
         lines += _backend_table(platform)
         if platform == "tpu":
             lines.append("  bfloat16 and float16 run the Pallas TPU kernels too (eliminated in float32); "
-                         "float64 and complex run XLA's loops, and blocks larger than "
-                         f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT}")
+                         "complex64 too (as float32 parts) but for banded solves and IndRNN activations; "
+                         "float64, complex128 and blocks larger than "
+                         f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT} run XLA's loops")
         if platform == "cuda":
             lines.append(f"  and plain solves of at most {_planner.GPU_LIBRARY_SYSTEMS} systems of at "
                          f"least {_planner.GPU_MIN_ROWS} rows: cuSPARSE gtsv2 (no backend= given)")

@@ -1,9 +1,9 @@
 """The Pallas Mosaic TPU block-tridiagonal kernel, `_block/pallas_tpu.py`, in TPU interpret
 mode (TPU semantics on CPU, VMEM starting as NaNs).
 
-`TestPallasTpuInterpret` runs the block kernel contract (block_contract.py) on it in float32
-and half precision (the TPU kernels' dtypes), against dense solves of the assembled matrices
-and the XLA formulation it follows step for step: every k up to 4 and k = 5 and 8, every kind in
+`TestPallasTpuInterpret` runs the block kernel contract (block_contract.py) on it in float32,
+half precision and complex64 (as float32 real and imaginary parts), against dense solves of the
+assembled matrices and the XLA formulation it follows step for step: every k up to 4 and k = 5 and 8, every kind in
 both orientations, N = 1, 2, 3 and odd N, every broadcast of the blocks, batch-first systems
 (Q = 1, taken along lanes) and groups of systems that overhang the batch. The kernel takes
 each operand in one of three arrangements (`Arrangement`: entries inside rows, their columns
@@ -26,7 +26,7 @@ from tridiax._pallas import tpu as _tpu
 
 pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pallas TPU backend")
 
-F32, BF16, F16 = np.float32, jnp.bfloat16, np.float16
+F32, BF16, F16, C64 = np.float32, jnp.bfloat16, np.float16, np.complex64
 
 # The kernel in TPU interpret mode.
 tpu_solve = compiled(_tpu_block.solve_pnq, interpret=_tpu.interpret_params())
@@ -34,7 +34,7 @@ tpu_solve = compiled(_tpu_block.solve_pnq, interpret=_tpu.interpret_params())
 
 class TestPallasTpuInterpret(BlockKernelContract):
     DTYPE = F32
-    COMPLEX = False
+    COMPLEX = C64
     BITWISE_TWIN = False
     # Every k up to 5 and 8, N and m, each kind in both orientations.
     SYSTEMS = [
@@ -58,14 +58,13 @@ class TestPallasTpuInterpret(BlockKernelContract):
                (3, 2, F32, (3, 5, 9), "block", ("111", "111", "111")),
                (2, 3, F32, (131, 6, 1), "block_hermitian", ("P11", "PNQ", "P11")),
                (4, 1, F32, (5, 3, 1), "block", ("1N1", "PN1", "P1Q"))]
-    DTYPES = [(2, (2, 7, 19), BF16), (3, (21, 7, 1), BF16), (2, (3, 5, 5), F16)]
+    DTYPES = [(2, (2, 7, 19), BF16), (3, (21, 7, 1), BF16), (2, (3, 5, 5), F16), (2, (3, 5, 5), C64),
+              (3, (21, 7, 1), C64)]
     PIVOTING = [(2, (2, 17, 19), True), (3, (19, 17, 1), False)]
     SINGULAR = [(2, (2, 9, 3), "block_pivoted"), (3, (2, 9, 3), "block")]
-    INDEFINITE = [(2, (3, 9, 19), F32), (5, (3, 9, 1), F32)]
+    INDEFINITE = [(2, (3, 9, 19), F32), (5, (3, 9, 1), F32), (2, (3, 9, 5), C64)]
     ZERO_SIZES = [((0, 7, 5), 2, 1), ((3, 7, 0), 2, 1)]
 
-    test_real_blocks_with_complex_rhs = None  # no complex type on a TPU
-    test_complex_transpose_is_not_conjugated = None
 
     def solve(self, *operands, **options):
         return tpu_solve(*operands, **options)

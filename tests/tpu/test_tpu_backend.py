@@ -2,6 +2,7 @@
 through it on CPU ("pallas_tpu_interpret": the same kernels in Pallas's HLO interpreter), and
 how its grids move data (every input block read once, every output block written once)."""
 
+import functools
 import itertools
 
 import jax
@@ -34,14 +35,22 @@ def test_tpus_prefer_the_pallas_kernels_and_say_why_not():
     assert _backend.default_backend("tpu", jnp.float32) == "pallas_tpu"
     assert _backend.default_backend("tpu", jnp.bfloat16) == "pallas_tpu"
     assert _backend.default_backend("tpu", jnp.float64) == "xla"
-    assert _backend.default_backend("tpu", jnp.complex64) == "xla"
+    assert _backend.default_backend("tpu", jnp.complex64) == "pallas_tpu"
+    assert _backend.default_backend("tpu", jnp.complex128) == "xla"
+    assert _backend.default_backend("tpu", jnp.complex64, op="recurrence") == "pallas_tpu"
+    assert "without an activation" in _backend.unavailable("pallas_tpu", jnp.complex64, platform="tpu",
+                                                           op="recurrence", activation=jnp.tanh)
+    assert _backend.default_block_backend("tpu", jnp.complex64, 3) == "pallas_tpu"
+    # complex64 as float32 parts: every kernel but the banded one
+    assert _backend.default_backend("tpu", jnp.complex64, op="banded") == "xla"
+    assert "complex64" in _backend.unavailable("pallas_tpu", jnp.complex64, platform="tpu", op="banded")
     assert _backend.default_backend("tpu", jnp.float32, op="recurrence",
                                     activation=jax.nn.relu) == "pallas_tpu"
     assert _backend.default_backend("tpu", jnp.float32, op="recurrence",
                                     activation=jax.nn.gelu) == "xla"
     assert "run on TPUs" in _backend.unavailable("pallas_tpu", jnp.float32, platform="cpu")
     assert "float64" in _backend.unavailable("pallas_tpu", jnp.float64, platform="tpu")
-    assert "complex64" in _backend.unavailable("pallas_tpu", jnp.complex64, platform="tpu")
+    assert "complex128" in _backend.unavailable("pallas_tpu", jnp.complex128, platform="tpu")
     assert "gelu" in _backend.unavailable("pallas_tpu", jnp.float32, platform="tpu",
                                           op="recurrence", activation=jax.nn.gelu)
     assert _backend.unavailable(BACKEND, jnp.float32, platform="cpu") is None
@@ -77,6 +86,24 @@ def test_solve_gradients_match_a_dense_solve():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
 
 
+def _like_xla(solve_with, ops, exact, weights):
+    """`solve_with(backend)` on the TPU kernels against XLA's loop: its error against `exact`
+    within four times the loop's (plus 1e-6 of the answer's size), and the gradients of
+    sum(weights * sin(x)) w.r.t. every operand equal to the loop's, to 1e-3."""
+    x, sweep = solve_with(BACKEND)(*ops), solve_with("xla")(*ops)
+    assert x.dtype == sweep.dtype
+    assert np.abs(x - exact).max() <= 4 * np.abs(sweep - exact).max() + 1e-6 * np.abs(exact).max()
+
+    def loss(backend):
+        return lambda *a: jnp.sum(weights * jnp.abs(jnp.sin(solve_with(backend)(*a))) ** 2)
+
+    argnums = tuple(range(len(ops)))
+    got = jax.grad(loss(BACKEND), argnums=argnums)(*ops)
+    want = jax.grad(loss("xla"), argnums=argnums)(*ops)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+
+
 KINDS = {"pivoted": dict(pivoting=True), "periodic": dict(periodic=True),
          "periodic_pivoted": dict(periodic=True, pivoting=True)}
 
@@ -91,21 +118,28 @@ def test_every_kind_and_its_gradients_along_every_axis(kind, axis):
         diag = np.random.default_rng(4).uniform(-1, 1, diag.shape).astype(np.float32)
     ops = [jnp.asarray(v) for v in (lower, diag, upper, rhs)]
     weights = jnp.asarray(np.random.default_rng(5).uniform(-1, 1, rhs.shape), jnp.float32)
-
-    def loss(backend):
-        return lambda *a: jnp.sum(weights * jnp.sin(solve(*a, axis=axis, backend=backend,
-                                                          **KINDS[kind])))
-
-    x = solve(*ops, axis=axis, backend=BACKEND, **KINDS[kind])
-    sweep = solve(*ops, axis=axis, backend="xla", **KINDS[kind])
     exact = verify.reference_solve(*(np.asarray(v, np.float64) for v in ops), axis=axis,
                                    periodic="periodic" in kind)
-    scale = np.abs(exact).max()
-    assert np.abs(x - exact).max() <= 4 * np.abs(sweep - exact).max() + 1e-6 * scale
-    got = jax.grad(loss(BACKEND), argnums=(0, 1, 2, 3))(*ops)
-    want = jax.grad(loss("xla"), argnums=(0, 1, 2, 3))(*ops)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+    _like_xla(lambda backend: functools.partial(solve, axis=axis, backend=backend, **KINDS[kind]),
+              ops, exact, weights)
+
+
+@pytest.mark.parametrize("kind", ["thomas", *KINDS])
+def test_complex_solves_and_their_gradients(kind):
+    """Complex64 solves of every kind through the TPU kernels (as float32 parts), and their
+    gradients (the transposed solve, not conjugated): against XLA's loop and scipy."""
+    rng = np.random.default_rng(11)
+    shape = (3, 30, 5)
+    lower, diag, upper, rhs = (jnp.asarray(rng.uniform(-1, 1, shape) + 1j * rng.uniform(-1, 1, shape),
+                                           jnp.complex64) for _ in range(4))
+    if "pivoted" not in kind:
+        diag = diag + 3
+    ops = (lower, diag, upper, rhs)
+    exact = verify.reference_solve(*(np.asarray(v, np.complex128) for v in ops), axis=1,
+                                   periodic="periodic" in kind)
+    weights = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+    _like_xla(lambda backend: functools.partial(solve, axis=1, backend=backend, **KINDS.get(kind, {})),
+              ops, exact, weights)
 
 
 def test_factorization_solves_through_the_tpu_kernels():
@@ -241,6 +275,28 @@ def test_recurrence_and_its_gradients(activation):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_complex_recurrence_and_its_gradients(axis):
+    """An LRU-style complex64 recurrence (complex decays, complex inputs) through the TPU
+    kernel, as float32 parts, and its gradients (the reversed recurrence): against lax.scan in
+    complex64."""
+    rng = np.random.default_rng(12)
+    shape = (40, 9) if axis == 0 else (9, 40)
+    a = jnp.asarray(rng.uniform(0.5, 0.99, shape) * np.exp(1j * rng.uniform(-3, 3, shape)), jnp.complex64)
+    x = jnp.asarray(rng.uniform(-1, 1, shape) + 1j * rng.uniform(-1, 1, shape), jnp.complex64)
+
+    def ours(a, x):
+        return recurrence(a, x, axis=axis, backend=BACKEND)
+
+    h = ours(a, x)
+    assert h.dtype == jnp.complex64
+    np.testing.assert_allclose(h, _scan(a, x, axis=axis), rtol=1e-5, atol=1e-5)
+    got = jax.grad(lambda *v: jnp.sum(jnp.abs(ours(*v)) ** 2), argnums=(0, 1))(a, x)
+    want = jax.grad(lambda *v: jnp.sum(jnp.abs(_scan(*v, axis=axis)) ** 2), argnums=(0, 1))(a, x)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
 def test_reversed_recurrence_with_decays_per_feature():
     rng = np.random.default_rng(4)
     a = jnp.asarray(rng.uniform(-1, 1, (7,)), jnp.float32)
@@ -284,22 +340,9 @@ def test_block_solves_and_their_gradients_along_every_axis(k, pivoting, axis):
     ops = [jnp.asarray(np.moveaxis(x, 1, axis % 3)) for x in (lower, diag, upper)]
     ops.append(jnp.asarray(np.moveaxis(rhs, 1, axis % 3)))
     weights = jnp.asarray(rng.uniform(-1, 1, ops[3].shape), jnp.float32)
-
-    def fn(backend):
-        return lambda *a: block_solve(*a, axis=axis, pivoting=pivoting, backend=backend)
-
-    def loss(backend):
-        return lambda *a: jnp.sum(weights * jnp.sin(fn(backend)(*a)))
-
-    x = fn(BACKEND)(*ops)
     exact = verify.reference_solve_block_tridiagonal(*(np.asarray(v, np.float64) for v in ops), axis=axis)
-    sweep = fn("xla")(*ops)
-    scale = np.abs(exact).max()
-    assert np.abs(x - exact).max() <= 4 * np.abs(sweep - exact).max() + 1e-6 * scale
-    got = jax.grad(loss(BACKEND), argnums=(0, 1, 2, 3))(*ops)
-    want = jax.grad(loss("xla"), argnums=(0, 1, 2, 3))(*ops)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+    _like_xla(lambda backend: functools.partial(block_solve, axis=axis, pivoting=pivoting, backend=backend),
+              ops, exact, weights)
 
 
 @pytest.mark.parametrize("axis", [0, -1])
@@ -316,24 +359,11 @@ def test_hermitian_block_solves_and_their_gradients(axis):
     ops = [jnp.asarray(np.moveaxis(x, 1, axis % 3)) for x in (lower, diag, rhs)]
     weights = jnp.asarray(rng.uniform(-1, 1, ops[2].shape), jnp.float32)
 
-    def fn(backend):
-        return lambda l, d, b: block_solve(l, d, None, b, axis=axis, hermitian=True, backend=backend)
-
-    x = fn(BACKEND)(*ops)
     upper = _block_api.hermitian_upper(ops[0], axis)  # lower[i+1]^T, exact in float32
     exact = verify.reference_solve_block_tridiagonal(
         *(np.asarray(v, np.float64) for v in (ops[0], ops[1], upper, ops[2])), axis=axis)
-    sweep = fn("xla")(*ops)
-    scale = np.abs(exact).max()
-    assert np.abs(x - exact).max() <= 4 * np.abs(sweep - exact).max() + 1e-6 * scale
-
-    def loss(backend):
-        return lambda *a: jnp.sum(weights * jnp.sin(fn(backend)(*a)))
-
-    got = jax.grad(loss(BACKEND), argnums=(0, 1, 2))(*ops)
-    want = jax.grad(loss("xla"), argnums=(0, 1, 2))(*ops)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+    _like_xla(lambda backend: lambda l, d, b: block_solve(l, d, None, b, axis=axis, hermitian=True,
+                                                          backend=backend), ops, exact, weights)
 
 
 class _Recorded(Exception):
@@ -396,16 +426,18 @@ def test_every_block_moves_once(shape, monkeypatch):
 
 def test_info_says_what_a_tpu_would_run():
     """`python -m tridiax --info` on a machine without a TPU shows the TPU's backend table too:
-    the Pallas TPU kernels for real 32-bit and half precision, XLA's loops for float64,
-    complex and blocks larger than 8 x 8."""
+    the Pallas TPU kernels for real 32-bit and half precision (and complex64 but for banded
+    solves), XLA's loops for float64, complex128 and blocks larger than 8 x 8."""
     from tridiax import _info
 
     text = _info.report()
     table = text.split("backends on tpu, no TPU here")[1].split("why not the others")[0]
     rows = {line[:32].strip(): line[32:].split() for line in table.splitlines()[2:] if line.strip()}
-    assert rows["solve_tridiagonal (every kind)"] == ["pallas_tpu", "xla", "xla", "xla"]
+    assert rows["solve_tridiagonal (every kind)"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
+    assert rows["linear_recurrence"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
+    assert rows["indrnn (tanh)"] == ["pallas_tpu", "xla", "xla", "xla"]
     assert rows["solve_banded"] == ["pallas_tpu", "xla", "xla", "xla"]
-    assert rows["solve_block_tridiagonal k=2"] == ["pallas_tpu", "xla", "xla", "xla"]
-    assert rows["solve_block_tridiagonal k=8"] == ["pallas_tpu", "xla", "xla", "xla"]
+    assert rows["solve_block_tridiagonal k=2"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
+    assert rows["solve_block_tridiagonal k=8"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
     assert rows["indrnn (your activation)"] == ["xla"] * 4
     assert "blocks larger than 8 x 8" in table

@@ -145,6 +145,18 @@ ENTRY_POINTS = {
     # triangle before the kernel, so the program moves more than the floor
     "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
                           [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, False),
+    # complex64: the float32 real and imaginary planes a TPU stores, taken apart for free
+    "solve-complex64": (_solve(0), [((1000, 4096), "complex64")] * 4, 1, True),
+    "solve-periodic-pivoted-complex64-middle-axis": (
+        lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=1, pivoting=True),
+        [((8, 1000, 512), "complex64")] * 4, 1, True),
+    "grad-solve-complex64": (_grad(lambda *a: jnp.abs(_solve(-1)(*a)), (0, 1, 2, 3)),
+                             [((4096, 1024), "complex64")] * 4, 2, False),
+    # an LRU's complex diagonal recurrence, and its gradient (the reversed recurrence)
+    "recurrence-complex64": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "complex64")] * 2,
+                             1, True),
+    "grad-recurrence-complex64": (_grad(lambda a, x: jnp.abs(tridiax.linear_recurrence(a, x)), (0, 1)),
+                                  [((1000, 4096), "complex64")] * 2, 2, False),
     # block-tridiagonal solves: each operand read in the order a TPU stores it, the entries
     # of a power-of-two block inside its rows ((k, 128) tiles), of other blocks outside them
     "block-columns-f32": (_block(0), _block_specs((1000, 4096), 2, "float32"), 1, True),
@@ -160,6 +172,9 @@ ENTRY_POINTS = {
     # a Hermitian matrix's upper blocks read from its lower ones in the kernel: not formed by XLA
     "solveh-block-batch-first-k3-bf16": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=-1),
                                          _block_specs((4096, 1000), 3, "bfloat16")[1:], 1, True),
+    "block-complex64": (_block(0), _block_specs((1000, 4096), 2, "complex64"), 1, True),
+    "solveh-block-complex64-k3": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=1),
+                                  _block_specs((4, 1000, 512), 3, "complex64")[1:], 1, True),
     "grad-block-f32": (_grad(_block(0), (0, 1, 2, 3)), _block_specs((1000, 4096), 2, "float32"), 2, False),
     # too long for VMEM: the partition method composed around the kernel (its chunk sweeps
     # write and re-read every row: about 8x the floor, not held to it), no XLA loop

@@ -213,6 +213,56 @@ def test_every_kind_every_layout(case):
     _as_accurate_as_the_sweep(x, bands, kind=kind, transposed=transposed, dtype=dtype)
 
 
+# (kind, layout, P, N, Q, transposed, shapes): complex64 systems, as float32 real and imaginary
+# parts, every kind in each layout, with several chunks and broadcast operands (`shapes` of
+# lower, diag, upper: a matrix shared by every system in SMEM, a diagonal constant along N).
+C64 = np.dtype(np.complex64)
+COMPLEX_CASES = [
+    ("thomas", "lanes", 1, 300, 1200, True, None),
+    ("thomas", "sublanes", 13, 37, 5, False, [(1, 37, 1), (13, 1, 5), (1, 37, 1)]),
+    ("pivoted", "transposed", 129, 257, 1, False, None),
+    ("pivoted", "sublanes", 9, 2, 129, True, None),
+    ("periodic", "lanes", 2, 37, 1030, True, [(1, 37, 1)] * 3),
+    ("periodic", "transposed", 5, 3, 1, False, None),
+    ("periodic_pivoted", "sublanes", 9, 300, 3, True, None),
+    ("periodic_pivoted", "lanes", 3, 3, 128, False, None),
+]
+
+
+def _complex(rng, shape):
+    return jnp.asarray(rng.uniform(-1, 1, shape) + 1j * rng.uniform(-1, 1, shape), C64)
+
+
+@pytest.mark.parametrize("case", COMPLEX_CASES, ids=[f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2:5]))}-{c[5]}"
+                                                     for c in COMPLEX_CASES])
+def test_complex_every_kind(case):
+    """Complex64 solves: within a few times the float32-parts sweep's error
+    (`verify.sequential_solve` in complex64) of the exact answer (complex128)."""
+    kind, layout, P, N, Q, transposed, shapes = case
+    assert _tpu.choose_layout(P, Q) == layout
+    rng = np.random.default_rng(N + Q)
+    shapes = shapes or [(P, N, Q)] * 3
+    lower, diag, upper = (_complex(rng, s) for s in shapes)
+    if "pivoted" not in kind:
+        diag = diag + 3 * jnp.where(diag.real >= 0, 1, -1)
+    rhs = _complex(rng, (P, N, Q))
+    x = tpu_thomas.solve_pnq(lower, diag, upper, rhs, transposed=transposed, out_dtype=C64,
+                             kind=kind, interpret=_tpu.interpret_params())
+    assert x.shape == (P, N, Q) and x.dtype == C64
+    bands = [np.asarray(jnp.broadcast_to(v, (P, N, Q))) for v in (lower, diag, upper, rhs)]
+    if transposed:
+        bands[0], bands[2] = np.roll(bands[2], 1, axis=1), np.roll(bands[0], -1, axis=1)
+
+    def sweep(dtype):
+        return verify.sequential_solve(*(v.astype(dtype) for v in bands), axis=1, dtype=dtype,
+                                       periodic="periodic" in kind, pivoting="pivoted" in kind)
+
+    exact, single = sweep(np.complex128), sweep(np.complex64)
+    scale = np.max(np.abs(exact), axis=1) + 1e-30
+    errors = [np.max(np.max(np.abs(np.asarray(v) - exact), axis=1) / scale) for v in (x, single)]
+    assert errors[0] <= 4 * errors[1] + 4 * np.finfo(np.float32).eps, errors
+
+
 def _numpy_factors(lower, diag, upper):
     """(l, m, c') of A = L D V along axis 1 in float32 NumPy (`_xla.factor_sweep` states them)."""
     lower, diag, upper = (np.asarray(v.astype(jnp.float32)) for v in (lower, diag, upper))
@@ -310,3 +360,88 @@ def test_recurrence_broadcast_operands(shapes):
     h = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=F32, interpret=_tpu.interpret_params(),
                                       **flags)
     _close(h, _reference_recurrence(a, x, h0, **flags), F32)
+
+
+# (layout, P, T, Q, reverse, shifted, final_only, a complex): complex64 recurrences (an LRU's
+# diagonal state), as float32 parts; a real decay against complex inputs keeps one part.
+COMPLEX_RECURRENCE_CASES = [
+    ("lanes", 1, 300, 1200, True, True, False, True),  # two chunks, reversed
+    ("sublanes", 13, 37, 5, False, False, True, True),  # final state only
+    ("sublanes", 9, 513, 3, False, True, False, False),  # three chunks, a real decay
+    ("transposed", 129, 257, 1, True, False, False, True),
+]
+
+
+@pytest.mark.parametrize("case", COMPLEX_RECURRENCE_CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{c[4:]}" for c in COMPLEX_RECURRENCE_CASES])
+def test_complex_recurrence(case):
+    layout, P, T, Q, reverse, shifted, final_only, a_complex = case
+    assert _tpu.choose_layout(P, Q) == layout
+    rng = np.random.default_rng(T)
+    radius = jnp.asarray(rng.uniform(0.5, 0.999, (P, T, Q)), jnp.float32)
+    a = radius * jnp.exp(1j * jnp.asarray(rng.uniform(-np.pi, np.pi, (P, T, Q)), jnp.float32)) \
+        if a_complex else radius
+    x, h0 = _complex(rng, (P, T, Q)), _complex(rng, (P, 1, Q))
+    flags = dict(reverse=reverse, shifted=shifted, final_only=final_only)
+    h = tpu_recurrence.recurrence_pnq(a, x, h0, activation=None, out_dtype=C64,
+                                      interpret=_tpu.interpret_params(), **flags)
+    assert h.dtype == C64 and h.shape == ((P, 1, Q) if final_only else (P, T, Q))
+    a, x, h0 = (np.asarray(v).astype(np.complex128) for v in (a, x, h0))
+    want = np.zeros((P, T, Q), np.complex128)  # NumPy's loop, in complex128
+    state, previous = h0[:, 0], None
+    for t in (range(T - 1, -1, -1) if reverse else range(T)):
+        c = a[:, t] if not shifted else (0 if previous is None else a[:, previous])
+        state = c * state + x[:, t]
+        want[:, t], previous = state, t
+    want = state[:, None] if final_only else want
+    error = np.max(np.abs(np.asarray(h) - want)) / np.max(np.abs(want))
+    assert error < 1e-5, error
+
+
+# (kind, layout, P, N, Q, dtype, transposed, VMEM budget): systems too long for VMEM whose work
+# rows stream through HBM: two launches, several chunks (the last one ragged).
+STREAMED_CASES = [
+    ("thomas", "lanes", 1, 900, 130, BF16, True, 3 << 19),
+    ("thomas", "transposed", 3, 900, 1, F32, False, 3 << 19),
+    ("thomas", "sublanes", 9, 300, 3, C64, True, 2 << 20),
+    ("factored", "lanes", 2, 900, 129, F32, False, 3 << 19),
+    ("factored", "transposed", 5, 900, 1, BF16, True, 3 << 19),
+]
+
+
+@pytest.mark.parametrize("case", STREAMED_CASES, ids=[f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2:5]))}"
+                                                      f"-{np.dtype(c[5]).name}-{c[6]}" for c in STREAMED_CASES])
+def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
+    """Unpivoted solves too long for VMEM run two kernels (the forward sweep writing c' and y'
+    to HBM, the back substitution reading them), not XLA's loop: against the NumPy sweep (the
+    complex case against complex128), factored solves with the kernel's factors."""
+    kind, layout, P, N, Q, dtype, transposed, budget = case
+    assert _tpu.choose_layout(P, Q) == layout
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
+    assert not tpu_thomas.fits(P, N, Q, dtype, kind=kind)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("XLA's loop ran")
+
+    monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
+    rng = np.random.default_rng(N + P)
+    params = _tpu.interpret_params()
+    if dtype == C64:
+        lower, diag, upper, rhs = (_complex(rng, (P, N, Q)) for _ in range(4))
+        diag = diag + 3
+        x = tpu_thomas.solve_pnq(lower, diag, upper, rhs, transposed=transposed, out_dtype=C64,
+                                 interpret=params)
+        bands = [np.asarray(v, np.complex128) for v in (lower, diag, upper, rhs)]
+        if transposed:
+            bands[0], bands[2] = np.roll(bands[2], 1, axis=1), np.roll(bands[0], -1, axis=1)
+        exact = verify.sequential_solve(*bands, axis=1, dtype=np.complex128)
+        assert np.max(np.abs(np.asarray(x) - exact)) <= 1e-5 * np.max(np.abs(exact))
+        return
+    bands = _bands(rng, [(P, N, Q)] * 4, dtype)
+    operands = bands
+    if kind == "factored":
+        operands = (*tpu_thomas.factor_pnq(*bands[:3], out_dtype=F32, interpret=params), bands[3])
+    x = tpu_thomas.solve_pnq(*operands, transposed=transposed, out_dtype=dtype, kind=kind,
+                             interpret=params)
+    assert x.shape == (P, N, Q) and x.dtype == dtype
+    _close(x, _reference_solve(*bands, transposed=transposed, dtype=dtype), dtype)

@@ -185,7 +185,7 @@ def _checked_call(l_and_u, signatures, axis, pivoting, check, hermitian, backend
         band_shape = band_shape + (1,) * (len(b_shape) - 1 - int(axis) % len(b_shape))
     p = plan_of(((band_shape, ab_dtype, ab_weak), b_signature), _NAMES, axis)
     band_shape = (1,) * (p.ndim - len(band_shape)) + band_shape
-    _backend.check_backend(backend, p.dtype)
+    _backend.check_backend(backend, p.dtype, op="banded")
     if hermitian is not None:
         kind = "banded_hermitian"
     else:

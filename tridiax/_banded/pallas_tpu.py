@@ -299,6 +299,7 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, 
     K = l + u + 1
     P, N, Q = b.shape
     out_dtype = jnp.dtype(out_dtype)
+    _tpu.require_real(out_dtype, "banded")
     if P * N * Q == 0:
         return jnp.zeros((P, N, Q), out_dtype)
     budget = _tpu.vmem()

@@ -41,7 +41,7 @@ def _abstract_eval(ab, b, *, l, u, axis, transposed, backend, kind):
 
 def _lowering(platform: str):
     def solve(ab, b, *, l, u, axis, transposed, backend, kind):
-        backend = backend or _backend.default_backend(platform, b.dtype)
+        backend = backend or _backend.default_backend(platform, b.dtype, op="banded")
         kernel = _backend.kernels(backend).banded
 
         def local(ab, b):

@@ -218,7 +218,7 @@ def _checked_call(signatures, axis, pivoting, check, hermitian, backend, x64):
     else:
         names = _NAMES
     p, m = read_rhs(block_signatures, rhs_signature, names, axis, k)
-    _backend.check_backend(backend, p.dtype)
+    _backend.check_backend(backend, p.dtype, op="block")
     if hermitian:
         kind = "block_hermitian"
     else:

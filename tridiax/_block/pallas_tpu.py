@@ -42,124 +42,30 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from .._core.split_complex import SplitComplex, as_split, select
 from .._pallas import tpu as _tpu
 from . import xla as _xla
+from .elimination import Elimination, apply, carry_size, eliminate, product
 
 KINDS = _xla.KINDS
 
 
-# ---------------------------------------------------------------------------------------------
-# Gaussian elimination of a k x k block held as lists of row tiles.
-
-
-@dataclasses.dataclass(frozen=True)
-class Elimination:
-    """S's elimination: for column c, `pivots[c]` (the row swapped with row c, a float32 tile
-    of row numbers; None without pivoting), `multipliers[c]` (rows c+1.., after the swap) and
-    `upper[c]` (1/pivot, then U's row c right of the diagonal)."""
-
-    pivots: tuple
-    multipliers: tuple
-    upper: tuple
-
-    def values(self) -> list:
-        """Every tile, in a fixed order (the carry across rows)."""
-        out = [v for row in self.multipliers for v in row]
-        out += [v for row in self.upper for v in row]
-        return out + [p for p in self.pivots if p is not None]
-
-    @classmethod
-    def from_values(cls, values, k: int, pivoting: bool) -> Elimination:
-        values = list(values)
-        multipliers = []
-        for c in range(k):
-            multipliers.append(tuple(values[:k - c - 1]))
-            del values[:k - c - 1]
-        upper = []
-        for c in range(k):
-            upper.append(tuple(values[:k - c]))
-            del values[:k - c]
-        pivots = tuple(values[:k]) if pivoting else (None,) * k
-        return cls(pivots, tuple(multipliers), tuple(upper))
-
-
-def carry_size(k: int, pivoting: bool) -> int:
-    """Row tiles of an `Elimination`."""
-    return k * k + (k if pivoting else 0)
-
-
-def eliminate(S, *, pivoting: bool, hermitian: bool) -> Elimination:
-    """Eliminate S (k lists of k row tiles) column by column (module docstring)."""
-    k = len(S)
-    rows = [list(r) for r in S]
-    pivots, multipliers, upper = [], [], []
-    for c in range(k):
-        if pivoting:
-            # argmax of |rows[r][0]| over r >= c, first of equals; a NaN wins first.
-            size = [jnp.abs(row[0]) for row in rows]
-            best, p = size[0], jnp.zeros_like(size[0]) + c
-            for r in range(1, len(rows)):
-                take = (size[r] > best) | (jnp.isnan(size[r]) & ~jnp.isnan(best))
-                best, p = jnp.where(take, size[r], best), jnp.where(take, float(c + r), p)
-            rows = _swap_rows(rows, p, c)
-            pivots.append(p)
-        else:
-            pivots.append(None)
-        head, *rows = rows
-        pivot = head[0]
-        if hermitian:
-            pivot = jnp.where(pivot > 0, pivot, jnp.nan)
-        inverse = 1 / pivot
-        factors = [row[0] * inverse for row in rows]
-        rows = [[a - f * h for a, h in zip(row[1:], head[1:], strict=True)]
-                for f, row in zip(factors, rows, strict=True)]
-        multipliers.append(tuple(factors))
-        upper.append((inverse, *head[1:]))
-    return Elimination(tuple(pivots), tuple(multipliers), tuple(upper))
-
-
-def _swap_rows(rows, p, c: int):
-    """`rows` (rows c.. of a matrix, as lists) with row c exchanged with row p (a tile of row
-    numbers >= c), per system."""
-    top = rows[0]
-    out = [None] + list(rows[1:])
-    for r in range(1, len(rows)):
-        chosen = p == float(c + r)
-        top = [jnp.where(chosen, a, t) for a, t in zip(rows[r], top, strict=True)]
-        out[r] = [jnp.where(chosen, a0, a) for a0, a in zip(rows[0], rows[r], strict=True)]
-    out[0] = top
-    return out
-
-
-def apply(e: Elimination, R):
-    """S^-1 R for S's elimination `e` and R (k lists of w row tiles): the swaps and
-    eliminations in the order `eliminate` made them, then the back substitution."""
-    k = len(R)
-    rows = [list(r) for r in R]
-    for c in range(k):
-        if e.pivots[c] is not None:
-            rows[c:] = _swap_rows(rows[c:], e.pivots[c], c)
-        head = rows[c]
-        for f, r in zip(e.multipliers[c], range(c + 1, k), strict=True):
-            rows[r] = [a - f * h for a, h in zip(rows[r], head, strict=True)]
-    solution = []  # rows c + 1.. of the result
-    for c in reversed(range(k)):
-        inverse, *coefficients = e.upper[c]
-        rhs = rows[c]
-        for a, x in zip(coefficients, solution, strict=True):
-            rhs = [v - a * w for v, w in zip(rhs, x, strict=True)]
-        solution.insert(0, [v * inverse for v in rhs])
-    return solution
-
-
-def product(A, B):
-    """A B for lists of rows of tiles (summed in the order of `_xla_block._mm`)."""
-    return [[sum((row[s] * B[s][j] for s in range(1, len(B))), row[0] * B[0][j])
-             for j in range(len(B[0]))] for row in A]
-
-
 def _transpose(A):
     return [list(col) for col in zip(*A, strict=True)]
+
+
+def _conj(A):
+    """The entries' complex conjugates (real entries as they are)."""
+    return [[SplitComplex(v.re, -v.im) if isinstance(v, SplitComplex) else v for v in row]
+            for row in A]
+
+
+def _combine(parts):
+    """Lists of rows of tiles, one per part, as one list of rows of values."""
+    if len(parts) == 1:
+        return parts[0]
+    return [[SplitComplex(re, im) for re, im in zip(*rows, strict=True)]
+            for rows in zip(*parts, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,90 +161,116 @@ def arrangement(shape, dtype, r: int, c: int, *, swapped: bool) -> Arrangement:
 
 
 class _Entries:
-    """Row i of a block operand (r x c entries per row) inside the kernel, as row tiles."""
+    """Row i of a block operand (r x c entries per row) inside the kernel, as row tiles: its
+    blocks `refs` (one per part: complex values' real and imaginary parts), and their float32
+    `stages` where staged."""
 
-    def __init__(self, g, op, ref, r: int, c: int, arranged: Arrangement | None = None,
-                 stage=None):
-        self.g, self.op, self.ref, self.r, self.c = g, op, ref, r, c
-        self.arranged, self.stage = arranged, stage
+    def __init__(self, g, op, refs, r: int, c: int, arranged: Arrangement | None = None,
+                 stages=None):
+        self.g, self.op, self.refs, self.r, self.c = g, op, refs, r, c
+        self.arranged, self.stages = arranged, stages
 
     def stage_in(self):
-        """Fill the float32 stage from the block (16-bit rows along sublanes: a packed row
+        """Fill the float32 stages from the blocks (16-bit rows along sublanes: a packed row
         cannot be loaded at a dynamic index)."""
-        for a in range(self.r):
-            for b in range(self.c):
-                self.stage[a * self.c + b] = self.ref[self.arranged.index(None, a, b)].astype(
-                    jnp.float32)
+        for ref, stage in zip(self.refs, self.stages, strict=True):
+            for a in range(self.r):
+                for b in range(self.c):
+                    stage[a * self.c + b] = ref[self.arranged.index(None, a, b)].astype(
+                        jnp.float32)
 
     def load(self, i):
-        """The r x c entries of row i (a list of rows of float32 tiles)."""
-        g, ref = self.g, self.ref
+        """The r x c entries of row i (a list of rows of float32 tiles, or `SplitComplex`)."""
+        stages = self.stages or (None,) * len(self.refs)
+        return _combine([self._load(ref, stage, i)
+                         for ref, stage in zip(self.refs, stages, strict=True)])
+
+    def _load(self, ref, stage, i):
+        g = self.g
         if self.op.kind == "tile":
             return [[ref[a * self.c + b] for b in range(self.c)] for a in range(self.r)]
         if self.op.kind == "scalar":
             return [[jnp.full(g.tile, ref[a * self.c + b, 0, i], jnp.float32)
                      for b in range(self.c)] for a in range(self.r)]
-        if self.stage is not None:
-            return [[self.stage[a * self.c + b, pl.ds(i, 1), :].reshape(g.tile)
+        if stage is not None:
+            return [[stage[a * self.c + b, pl.ds(i, 1), :].reshape(g.tile)
                      for b in range(self.c)] for a in range(self.r)]
         return [[ref[self.arranged.index(i, a, b)].astype(jnp.float32).reshape(g.tile)
                  for b in range(self.c)] for a in range(self.r)]
 
 
 class _Scratch:
-    """r x c entries per row of a whole system: a float32 (r*c*total_rows, s*128) scratch,
-    entry e of row i at row e*total_rows + i."""
+    """r x c entries per row of a whole system: float32 (r*c*total_rows, s*128) scratches (one
+    per part), entry e of row i at row e*total_rows + i."""
 
-    def __init__(self, g, ref, r: int, c: int):
-        self.g, self.ref, self.r, self.c = g, ref, r, c
+    def __init__(self, g, refs, r: int, c: int):
+        self.g, self.refs, self.r, self.c = g, refs, r, c
 
     def _row(self, e: int, i):
         return pl.ds(e * self.g.total_rows + i, 1)
 
     def load(self, i):
-        return [[self.ref[self._row(a * self.c + b, i), :].reshape(self.g.tile)
-                 for b in range(self.c)] for a in range(self.r)]
+        return _combine([[[ref[self._row(a * self.c + b, i), :].reshape(self.g.tile)
+                           for b in range(self.c)] for a in range(self.r)] for ref in self.refs])
 
     def chunk(self, e: int, offset):
-        """Entry e of the rows of the chunk at `offset` ((rows, s*128))."""
-        return self.ref[pl.ds(e * self.g.total_rows + offset, self.g.rows), :]
+        """Entry e of the rows of the chunk at `offset` ((rows, s*128)), of a real scratch."""
+        return self.refs[0][pl.ds(e * self.g.total_rows + offset, self.g.rows), :]
 
     def store(self, i, values):
         for a, row in enumerate(values):
             for b, v in enumerate(row):
-                self.ref[self._row(a * self.c + b, i), :] = v.reshape(1, -1)
+                parts = (v,) if len(self.refs) == 1 else (as_split(v).re, as_split(v).im)
+                for ref, part in zip(self.refs, parts, strict=True):
+                    ref[self._row(a * self.c + b, i), :] = part.reshape(1, -1)
 
 
 # ---------------------------------------------------------------------------------------------
 # The kernel.
 
 
-def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
+def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
     """Refs: the blocks' (lower, diag and, unless Hermitian, upper) and b's, x's block, the E
     and y scratches, the carry, the float32 stages of staged operands (`staged`: which of the
-    inputs are)."""
-    n_in = len(ops) + 1
-    in_refs, (x_ref, e_ref, y_ref, carry_ref), stages = (refs[:n_in], refs[n_in:n_in + 4],
-                                                           list(refs[n_in + 4:]))
+    inputs are); of each operand, output and scratch its `parts` (2: complex values' real and
+    imaginary parts, one after the other)."""
+    n_in = (len(ops) + 1) * parts
+
+    def grouped(refs_):
+        return [tuple(refs_[n:n + parts]) for n in range(0, len(refs_), parts)]
+
+    in_refs = grouped(refs[:n_in])
+    x_refs, e_refs, y_refs = grouped(refs[n_in:n_in + 3 * parts])
+    carry_ref, *stages = refs[n_in + 3 * parts:]
     C = g.chunks
     step = pl.program_id(2)
     pivoting, hermitian = kind == "block_pivoted", kind == "block_hermitian"
     shapes = [(k, k)] * len(ops) + [(k, m)]
-    operands = [_Entries(g, op, ref, r, c, how, stages.pop(0) if stage else None)
-                for op, ref, (r, c), how, stage in zip(
+    operands = [_Entries(g, op, refs_, r, c, how,
+                         tuple(stages.pop(0) for _ in range(parts)) if stage else None)
+                for op, refs_, (r, c), how, stage in zip(
                     (*ops, _tpu.Operand("rows")), in_refs, shapes, arranged, staged, strict=True)]
     lower, diag, *upper, rhs = operands
-    es, ys = _Scratch(g, e_ref, k, k), _Scratch(g, y_ref, k, m)
+    es, ys = _Scratch(g, e_refs, k, k), _Scratch(g, y_refs, k, m)
     out = arranged[-1]
     n_fact = carry_size(k, pivoting)
+    pivot_slots = range(n_fact - k, n_fact) if pivoting else range(0)  # real row numbers
     zero = jnp.zeros(g.tile, jnp.float32)
 
-    def load_carry(count):
-        return [carry_ref[n] for n in range(count)]
+    def load_carry(count, real=range(0)):
+        """The carried tiles (`real`: the slots holding real values, the pivot rows)."""
+        if parts == 1:
+            return [carry_ref[n] for n in range(count)]
+        return [carry_ref[2 * n] if n in real else
+                SplitComplex(carry_ref[2 * n], carry_ref[2 * n + 1]) for n in range(count)]
 
     def store_carry(values):
         for n, value in enumerate(values):
-            carry_ref[n] = value
+            if parts == 1:
+                carry_ref[n] = value
+            else:
+                value = as_split(value)
+                carry_ref[2 * n], carry_ref[2 * n + 1] = value.re, value.im
 
     def unflatten(values, c):
         return [list(values[a * c:(a + 1) * c]) for a in range(k)]
@@ -357,12 +289,12 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
         start = j * g.chunk
         offset = j * g.rows
         for operand in operands:
-            if operand.stage is not None:
+            if operand.stages is not None:
                 operand.stage_in()
 
         @pl.when(step == 0)
         def _():
-            store_carry([zero] * carried)
+            store_carry([zero] * carried)  # real zeros: as_split gives the parts
 
         def run(count):
             def row(i, carry):
@@ -370,19 +302,19 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
                 fact = Elimination.from_values(carry[:n_fact], k, pivoting)
                 y_prev = unflatten(carry[n_fact:n_fact + k * m], m)
                 # U'[i-1] and L'[i]: U[i-1] and L[i], or L[i]^T and U[i-1]^T; a Hermitian
-                # (real symmetric) matrix has U[i-1] = L[i]^T, in either orientation.
+                # matrix has U[i-1] = L[i]^H.
                 if hermitian:
-                    sub = lower.load(i)
-                    sup_prev = _transpose(sub)
+                    l_i = lower.load(i)
+                    sup_prev = _transpose(l_i) if transposed else _transpose(_conj(l_i))
+                    sub = _conj(l_i) if transposed else l_i
                 else:
                     u_prev = unflatten(carry[n_fact + k * m:], k)
                     sup_prev = _transpose(lower.load(i)) if transposed else u_prev
                     sub = _transpose(u_prev) if transposed else lower.load(i)
                 # E[i-1] = S_{i-1}^-1 U'[i-1]
-                e_prev = [[jnp.where(first, 0.0, v) for v in row]
-                          for row in apply(fact, sup_prev)]
+                e_prev = [[select(first, 0.0, v) for v in row] for row in apply(fact, sup_prev)]
                 es.store(offset + i, e_prev)
-                sub = [[jnp.where(first, 0.0, v) for v in row] for row in sub]
+                sub = [[select(first, 0.0, v) for v in row] for row in sub]
                 d = _transpose(diag.load(i)) if transposed else diag.load(i)
                 fact = eliminate(subtract(d, product(sub, e_prev)), pivoting=pivoting,
                                  hermitian=hermitian)
@@ -390,7 +322,7 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
                 ys.store(offset + i, y)
                 return (*fact.values(), *flat(y), *(v for u in upper for v in flat(u.load(i))))
 
-            store_carry(_tpu.loop(count, row, tuple(load_carry(carried))))
+            store_carry(_tpu.loop(count, row, tuple(load_carry(carried, pivot_slots))))
 
         _tpu.over_rows(g, j, run)
 
@@ -398,7 +330,7 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
     def _():
         j = 2 * C - 1 - step
         offset = j * g.rows
-        in_place = out.rows_minor and x_ref.dtype.itemsize < 4  # x through y's scratch
+        in_place = out.rows_minor and x_refs[0].dtype.itemsize < 4  # x through y's scratch
 
         @pl.when(step == C)
         def _():
@@ -414,7 +346,9 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
                 else:
                     for a, values in enumerate(x):
                         for b, v in enumerate(values):
-                            x_ref[out.index(i, a, b)] = v.reshape(1, -1).astype(x_ref.dtype)
+                            v = (v,) if parts == 1 else (as_split(v).re, as_split(v).im)
+                            for ref, part in zip(x_refs, v, strict=True):
+                                ref[out.index(i, a, b)] = part.reshape(1, -1).astype(ref.dtype)
                 return (*flat(x), *flat(es.load(offset + i)))
 
             store_carry(_tpu.loop(count, row, tuple(load_carry(k * m + k * k)), reverse=True))
@@ -423,8 +357,8 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed):
         if in_place:
             for a in range(k):
                 for b in range(m):
-                    x_ref[out.index(None, a, b)] = ys.chunk(a * m + b, offset).astype(
-                        x_ref.dtype)
+                    x_refs[0][out.index(None, a, b)] = ys.chunk(a * m + b, offset).astype(
+                        x_refs[0].dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,14 +390,18 @@ def _block_bytes(g, how: Arrangement, dtype) -> int:
 
 def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
     """The geometry of a solve of (P, N, Q) systems (the lanes view) in `budget` bytes of
-    VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of the blocks and b."""
+    VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of the blocks and b. Complex
+    calls hold two float32 parts of every operand, output and scratch."""
     carried = _carried(k, m, kind)
+    parts = 2 if jnp.issubdtype(out_dtype, jnp.complexfloating) else 1
+    out_dtype = jnp.float32 if parts == 2 else out_dtype
 
     def need(g):
         total = 0
         columns = [k] * (len(operands) - 1) + [m]
         for (shape, dtype, how), c in zip(operands, columns, strict=True):
             r = k
+            dtype = jnp.float32 if parts == 2 else dtype
             op = _tpu.operand(g, shape, dtype)
             if op.kind == "rows":
                 total += 2 * _block_bytes(g, how, dtype)
@@ -475,7 +413,7 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
                 total += 2 * _tpu.SUBLANES * g.scalar_rows * r * c * 4
         total += 2 * _block_bytes(g, operands[-1][2], out_dtype)
         total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
-        return total + carried * g.row_tile_bytes()
+        return parts * (total + carried * g.row_tile_bytes())
 
     return _lanes_geometry(P, N, Q, need, budget)
 
@@ -554,6 +492,7 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     P, N, Q, k, m = b.shape
     out_dtype = jnp.dtype(out_dtype)
+    _tpu.require_real(out_dtype, "block")
     if b.size == 0:
         return jnp.zeros(b.shape, out_dtype)
     budget = _tpu.vmem()
@@ -562,6 +501,9 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     if g is None:
         return _xla.solve_pnq(lower, diag, upper, b, kind=kind, transposed=transposed,
                               out_dtype=out_dtype)
+    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
+    parts = 2 if complex_ else 1
+    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
     ops = [_tpu.operand(g, shape, dtype) for shape, dtype, _ in operands[:-1]]
     arranged = [how for _, _, how in operands]
     rows = _tpu.Operand("rows")
@@ -573,26 +515,29 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     def chunk_out(s):
         return jnp.clip(2 * C - 1 - s, 0, C - 1)
 
-    inputs = [_prepare(g, x, op, how) for x, op, how in zip(views, (*ops, rows), arranged,
-                                                            strict=True)]
+    inputs = [_prepare(g, part, op, how)
+              for x, op, how in zip(views, (*ops, rows), arranged, strict=True)
+              for part in _tpu.parts_of(x, complex_)]
     entries = (k * k,) * len(ops) + (k * m,)
     in_specs = [_spec(g, op, chunk_in, how, e)
-                for op, how, e in zip((*ops, rows), arranged, entries, strict=True)]
-    staged = [op.kind == "rows" and _staged(how, x.dtype)
+                for op, how, e in zip((*ops, rows), arranged, entries, strict=True)
+                for _ in range(parts)]
+    staged = [op.kind == "rows" and _staged(how, part_dtype if complex_ else x.dtype)
               for op, how, x in zip((*ops, rows), arranged, views, strict=True)]
     vmem = _tpu.pltpu.VMEM
     lanes = g.s * _tpu.LANES
     carried = _carried(k, m, kind)
-    scratch = [vmem((k * k * g.total_rows, lanes), jnp.float32),
-               vmem((k * m * g.total_rows, lanes), jnp.float32),
-               vmem((carried, *g.tile), jnp.float32)]
+    scratch = [vmem((k * k * g.total_rows, lanes), jnp.float32)] * parts
+    scratch += [vmem((k * m * g.total_rows, lanes), jnp.float32)] * parts
+    scratch += [vmem((carried * parts, *g.tile), jnp.float32)]
     scratch += [vmem((e, g.rows, lanes), jnp.float32)
-                for e, stage in zip(entries, staged, strict=True) if stage]
+                for e, stage in zip(entries, staged, strict=True) if stage for _ in range(parts)]
     kernel = functools.partial(_kernel, g=g, ops=ops, arranged=arranged, staged=staged, k=k,
-                               m=m, kind=kind, transposed=transposed)
-    out_shape = jax.ShapeDtypeStruct(inputs[-1].shape, out_dtype)
-    (x,) = _tpu.call(kernel, g, inputs, in_specs, [out_shape],
-                     [_spec(g, rows, chunk_out, arranged[-1], k * m)], scratch, steps=2 * C,
-                     name=f"tridiax_{kind}_tpu", vmem_limit=budget.limit, interpret=interpret)
-    x = arranged[-1].unview(x, N)
+                               m=m, kind=kind, transposed=transposed, parts=parts)
+    out_shape = jax.ShapeDtypeStruct(inputs[-1].shape, part_dtype)
+    x = _tpu.call(kernel, g, inputs, in_specs, [out_shape] * parts,
+                  [_spec(g, rows, chunk_out, arranged[-1], k * m)] * parts, scratch, steps=2 * C,
+                  name=f"tridiax_{kind}_tpu", vmem_limit=budget.limit, interpret=interpret)
+    x = [arranged[-1].unview(part, N) for part in x]
+    x = jax.lax.complex(*x) if complex_ else x[0]
     return _swap(x) if swapped else x

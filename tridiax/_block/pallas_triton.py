@@ -49,8 +49,9 @@ from jax.experimental import pallas as pl
 
 from .._banded.pallas_triton import _BandRows
 from .._core.dtypes import compute_dtype
-from .._core.split_complex import SplitComplex, SplitRef, as_split, magnitude, select
+from .._core.split_complex import SplitComplex, SplitRef, as_split, select
 from .._pallas.tiles import _TRITON, SYSTEMS_PER_PROGRAM, Tiles, launch
+from .elimination import apply, eliminate, product
 from .xla import KINDS
 
 
@@ -60,46 +61,9 @@ def default_tiles(P: int, Q: int, *, k: int) -> Tiles:
 
 
 def gauss(S, R, *, pivoting: bool, hermitian: bool):
-    """X with S X = R, by Gaussian elimination (k x k S and k x w R: lists of rows of values)."""
-    k = len(S)
-    rows = [list(s) + list(r) for s, r in zip(S, R, strict=True)]  # row c: columns c.. only
-    kept = []  # (1/pivot, rest of row c) of U
-    for c in range(k):
-        if pivoting and c < k - 1:
-            # argmax of |rows[r][0]| over r >= c, first of equals; a NaN wins first.
-            size = [magnitude(row[0]) for row in rows]
-            best, p = size[0], jnp.zeros(jnp.shape(size[0]), jnp.int32)
-            for r in range(1, len(rows)):
-                take = (size[r] > best) | (jnp.isnan(size[r]) & ~jnp.isnan(best))
-                best, p = jnp.where(take, size[r], best), jnp.where(take, r, p)
-            top = rows[0]
-            for r in range(1, len(rows)):
-                chosen = p == r
-                top = [select(chosen, a, t) for a, t in zip(rows[r], top, strict=True)]
-                rows[r] = [select(chosen, a0, a) for a0, a in zip(rows[0], rows[r], strict=True)]
-            rows[0] = top
-        head, *rows = rows
-        pivot = head[0]
-        if hermitian:
-            pivot = select(pivot.real > 0, pivot, jnp.nan)
-        inverse = 1 / pivot
-        factors = [row[0] * inverse for row in rows]
-        rows = [[a - f * h for a, h in zip(row[1:], head[1:], strict=True)]
-                for f, row in zip(factors, rows, strict=True)]
-        kept.append((inverse, head[1:]))
-    solution = []  # rows c + 1.. of X
-    for inverse, row in reversed(kept):
-        coefficients, rhs = row[: len(solution)], row[len(solution):]
-        for a, x in zip(coefficients, solution, strict=True):
-            rhs = [v - a * w for v, w in zip(rhs, x, strict=True)]
-        solution.insert(0, [v * inverse for v in rhs])
-    return solution
-
-
-def _product(A, B):
-    """A B for lists of rows of values (summed in the order of `_xla_block._mm`)."""
-    return [[sum((row[s] * B[s][j] for s in range(1, len(B))), row[0] * B[0][j])
-             for j in range(len(B[0]))] for row in A]
+    """X with S X = R, by Gaussian elimination (k x k S and k x w R: lists of rows of values;
+    `_block/elimination.py`)."""
+    return apply(eliminate(S, pivoting=pivoting, hermitian=hermitian), R)
 
 
 def _unstack(value):
@@ -211,7 +175,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, e_ref, *work, n, k, m, kind, tran
         e, y = carry  # E[i-1], y[i-1] (zeros at i = 0)
         lower, diag, upper = matrix(i)
         flat = rows.entries(b_ref, i)
-        le, ly = _product(lower, e), _product(lower, y)
+        le, ly = product(lower, e), product(lower, y)
         S = [[d - p for d, p in zip(dr, pr, strict=True)] for dr, pr in zip(diag, le, strict=True)]
         t = [[flat[r * m + j] - ly[r][j] for j in range(m)] for r in range(k)]
         X = gauss(S, [ur + tr for ur, tr in zip(upper, t, strict=True)], pivoting=pivoting,
@@ -228,7 +192,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, e_ref, *work, n, k, m, kind, tran
     def backward(s, x_next):
         i = n - 2 - s
         flat = rows.group(e_ref, i, k * k)
-        ex = _product([flat[r * k:(r + 1) * k] for r in range(k)], x_next)
+        ex = product([flat[r * k:(r + 1) * k] for r in range(k)], x_next)
         y = rows.group(y_ref, i, k * m)
         x = [[full(y[r * m + j] - ex[r][j]) for j in range(m)] for r in range(k)]
         rows.store_group(x_ref, i, [v for row in x for v in row])

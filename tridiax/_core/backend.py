@@ -14,8 +14,8 @@
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
 | "pallas_tpu"       | Pallas Mosaic TPU kernels `<family>/pallas_tpu.py`   | TPUs; float32, bfloat16 and |
 |                    | (every tridiagonal kind, the factorization,          | float16 (computed in        |
-|                    | recurrences: identity, relu, tanh; banded and block  | float32)                    |
-|                    | solves)                                              |                             |
+|                    | recurrences: identity, relu, tanh; banded and block  | float32); complex64 for     |
+|                    | solves)                                              | all but banded solves       |
 | "pallas_tpu_       | the Pallas TPU kernels, interpreted (tests)          | anywhere, when asked for    |
 |  interpret"        |                                                      |                             |
 
@@ -79,7 +79,8 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
                 activation=None) -> str | None:
     """Why `backend` cannot run this call on `platform` (None: it can; platform None: any).
 
-    `op` is "thomas" (tridiagonal solves) or "recurrence" (linear recurrences, IndRNN)."""
+    `op` is "thomas" (tridiagonal solves), "recurrence" (linear recurrences, IndRNN), "banded"
+    or "block"."""
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; choose one of {BACKENDS}"
     if backend == "native":
@@ -129,10 +130,12 @@ def _tpu_unavailable(backend: str, dtype, *, platform, op, activation) -> str | 
         return "the Pallas TPU kernels run on TPUs"
     if not _tpu.available():
         return f"jax {jax.__version__} has no Pallas Mosaic TPU backend"
-    if (reason := _tpu.unavailable_dtype(dtype)) is not None:
+    if (reason := _tpu.unavailable_dtype(dtype, op)) is not None:
         return reason
     if op == "recurrence" and not _tpu_recurrence.supports(activation):
         return f"the Pallas TPU recurrence runs identity, relu and tanh, not {activation!r}"
+    if op == "recurrence" and activation is not None and jnp.issubdtype(dtype, jnp.complexfloating):
+        return f"the Pallas TPU recurrence runs {jnp.dtype(dtype)} recurrences without an activation"
     return None
 
 
@@ -164,7 +167,7 @@ TPU_BLOCK_LIMIT = 8
 
 def default_block_backend(platform: str, dtype, k: int) -> str:
     """`default_backend` for a block-tridiagonal solve with k x k blocks."""
-    backend = default_backend(platform, dtype)
+    backend = default_backend(platform, dtype, op="block")
     complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
     if backend == "pallas_triton" and k > PALLAS_BLOCK_LIMIT[complex_]:
         return "xla"
@@ -217,14 +220,16 @@ def check_flags(**flags) -> None:
             raise TypeError(f"{name} must be True or False, got {flag!r}.")
 
 
-def check_backend(backend: str | None, dtype, *, activation=None) -> None:
+def check_backend(backend: str | None, dtype, *, activation=None, op: str | None = None) -> None:
     """Raise ValueError, with the reason, for a backend override that cannot run this dtype
-    (or activation) on this JAX and machine."""
+    (or activation) on this JAX and machine. `op`: as `unavailable` (None: "recurrence" where
+    an activation is given, else "thomas")."""
     if backend is None:
         return
     if backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}.")
-    op = "thomas" if activation is None else "recurrence"
+    if op is None:
+        op = "thomas" if activation is None else "recurrence"
     reason = unavailable(backend, dtype, op=op, activation=activation)
     if reason is not None:
         raise ValueError(f"backend={backend!r} cannot run this call: {reason}; use 'xla' "

@@ -40,8 +40,11 @@ from SMEM. Other partial broadcasts (along P or Q only, in the "sublanes" and "t
 layouts) are broadcast to the full shape first, at the cost of the bytes that writes.
 
 Half-precision operands are converted to float32 in VMEM (staged like a transposed layout's
-operands): a packed bf16 row cannot be loaded at a dynamic row. Float64 and complex dtypes are
-not taken (`_core/backend.py` says why and runs XLA's loop instead).
+operands): a packed bf16 row cannot be loaded at a dynamic row. Complex64 operands of the
+tridiagonal, block and recurrence kernels are passed as their float32 real and imaginary parts (`parts_of`: a TPU
+stores a complex64 array as those two planes) and read as `SplitComplex` tiles (`SplitRows`).
+Float64 and complex128 are not taken, nor complex64 by the other kernels (`_core/backend.py`
+says why and runs XLA's loop instead).
 
 HBM layouts: XLA stores an array on a TPU in the dimension order that pads its tiles least
 (its default layout: f32[4096, 1000] lies as 1000 rows of 4096 values, `{0,1:T(8,128)}`),
@@ -71,6 +74,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from .._core.split_complex import SplitComplex, as_split
+
 try:  # Pallas's Mosaic TPU backend (jax.experimental.pallas.tpu)
     from jax.experimental.pallas import tpu as pltpu
 except ImportError:  # pragma: no cover - a JAX without it: the backend is unavailable
@@ -92,14 +97,28 @@ _CHIPS = {"TPU v4": "v4", "TPU v4 lite": "v4i", "TPU v5 lite": "v5e", "TPU v5e":
           "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e",
           "TPU7": "7", "TPU7x": "7x"}
 TAKES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Operations whose kernels also take complex64 (as float32 real and imaginary parts).
+COMPLEX_OPS = ("thomas", "recurrence", "block")
 
 
-def unavailable_dtype(dtype) -> str | None:
-    """Why the TPU kernels cannot take `dtype` (None: they can)."""
-    if jnp.dtype(dtype) not in TAKES:
+def unavailable_dtype(dtype, op: str = "thomas") -> str | None:
+    """Why the TPU kernels of `op` ("thomas": the tridiagonal solves and factorizations,
+    "recurrence", "banded", "block") cannot take `dtype` (None: they can)."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.complex64 and op not in COMPLEX_OPS:
+        return (f"the Pallas TPU {op} kernel takes float32, bfloat16 and float16, not "
+                "complex64 (the tridiagonal, block and recurrence kernels take it)")
+    if dtype not in TAKES and dtype != jnp.complex64:
         return (f"the Pallas TPU kernels take float32, bfloat16 and float16 (computed in "
-                f"float32), not {jnp.dtype(dtype)}")
+                f"float32) and, but for banded solves, complex64, not {dtype}")
     return None
+
+
+def require_real(dtype, op: str) -> None:
+    """ValueError for a complex `dtype` reaching a kernel that takes real operands only (the
+    backend routes such calls to XLA's loop; `unavailable_dtype` says why)."""
+    if (reason := unavailable_dtype(dtype, op)) is not None:
+        raise ValueError(reason)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -374,6 +393,43 @@ class RowRef:
         if self.g.layout != "sublanes":
             value = value.reshape(1, self.g.s * LANES)
         self.ref[self._index(i), :] = value.astype(self.ref.dtype)
+
+
+class SplitRows:
+    """A complex operand's (or scratch's) rows as two row accesses of the same kind, its real
+    and imaginary parts: loads give `SplitComplex` tiles."""
+
+    def __init__(self, re, im):
+        self.re, self.im = re, im
+
+    def load(self, i):
+        return SplitComplex(self.re.load(i), self.im.load(i))
+
+    def store(self, i, value):
+        value = as_split(value)
+        self.re.store(i, value.re)
+        self.im.store(i, value.im)
+
+
+def joined(accesses):
+    """One row access from the accesses of an operand's parts (one part: itself)."""
+    return accesses[0] if len(accesses) == 1 else SplitRows(*accesses)
+
+
+def parts_of(x, complex_: bool):
+    """The real arrays a kernel takes for `x`: its real and imaginary parts when the call is
+    complex (a real `x` gets zeros), else `x` itself. A TPU stores a complex64 array as its two
+    float32 parts, so taking them apart moves nothing."""
+    if not complex_:
+        return (x,)
+    return tuple(part(x).astype(jnp.float32) for part in (jnp.real, jnp.imag))
+
+
+def stage_out_parts(g: Geometry, source, blocks):
+    """`stage_out` for each part of a `joined` scratch (`blocks`: the outputs of the parts)."""
+    sources = (source.re, source.im) if isinstance(source, SplitRows) else (source,)
+    for part, block in zip(sources, blocks, strict=True):
+        stage_out(g, part, block)
 
 
 class TileRef:

@@ -34,7 +34,7 @@ def recurrence(a, x, *, axis=0, reverse=False, initial=None, final_only=False, a
             )
         p = dataclasses.replace(p, dtype=result_dtype([((), p.dtype, False),
                                                        initial_signature]))
-    _backend.check_backend(backend, p.dtype, activation=activation)
+    _backend.check_backend(backend, p.dtype, activation=activation, op="recurrence")
     call = (p, bool(reverse), bool(final_only), activation, backend, initial is not None)
     return _dispatch.run(_compute, call, *values, *([] if initial is None else [initial]))
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
+from .._core.split_complex import SplitComplex, as_split
 from .._pallas import tpu as _tpu
 
 
@@ -43,31 +44,56 @@ def supports(activation) -> bool:
         return False
 
 
-def _kernel(a_ref, x_ref, h0_ref, h_ref, *scratch, g, ops, reverse, shifted, act, final_only,
-            staged_out):
-    state, previous, *stages = scratch
-    out_stage = stages.pop() if staged_out else None
+def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out):
+    """Refs: a's and x's blocks, h0's tile, h's block (the parts of each: `parts` of a and
+    x, h0 and h complex where either is), then the state and the previous step's a (their
+    parts), the stages of staged operands and of h."""
+    pa, px = parts
+    ph = max(parts)
+    counts = (pa, px, ph, ph, ph, pa)
+    groups, start = [], 0
+    for count in counts:
+        groups.append(refs[start:start + count])
+        start += count
+    a_refs, x_refs, h0_refs, h_refs, state, previous = groups
+    stages = list(refs[start:])
+    out_stages = [stages.pop() for _ in range(ph)][::-1] if staged_out else None
     k = pl.program_id(2)
     j = g.chunks - 1 - k if reverse else k
 
+    def get(refs_):
+        """The value of whole-tile refs (one per part)."""
+        values = [ref[...] for ref in refs_]
+        return values[0] if len(values) == 1 else SplitComplex(*values)
+
+    def put(refs_, value):
+        if len(refs_) == 1:
+            refs_[0][...] = value
+        else:
+            value = as_split(value)
+            refs_[0][...], refs_[1][...] = value.re, value.im
+
     @pl.when(k == 0)
     def _():
-        state[...] = h0_ref[...]
-        previous[...] = jnp.zeros(g.tile, jnp.float32)
+        put(state, get(h0_refs))
+        put(previous, jnp.zeros(g.tile, jnp.float32))
 
     readers = []
-    for op, ref in zip(ops, (a_ref, x_ref), strict=True):
-        stage = stages.pop(0) if op.kind == "rows" and op.staged else None
-        if stage is not None:
-            _tpu.stage_in(g, ref, stage)
-        readers.append(_tpu.reader(g, op, ref, stage))
+    for op, refs_ in zip(ops, (a_refs, x_refs), strict=True):
+        accesses = []
+        for ref in refs_:
+            stage = stages.pop(0) if op.kind == "rows" and op.staged else None
+            if stage is not None:
+                _tpu.stage_in(g, ref, stage)
+            accesses.append(_tpu.reader(g, op, ref, stage))
+        readers.append(_tpu.joined(accesses))
     a, x = readers
     if final_only:
         sink = None
     elif staged_out:
-        sink = _tpu.RowRef(g, out_stage, g.rows)
+        sink = _tpu.joined([_tpu.RowRef(g, stage, g.rows) for stage in out_stages])
     else:
-        sink = _tpu.RowRef(g, h_ref.at[0], g.rows)
+        sink = _tpu.joined([_tpu.RowRef(g, ref.at[0], g.rows) for ref in h_refs])
 
     def run(count):
         def step(i, carry):
@@ -78,31 +104,33 @@ def _kernel(a_ref, x_ref, h0_ref, h_ref, *scratch, g, ops, reverse, shifted, act
                 sink.store(i, h)
             return h, a_now
 
-        h, a_last = _tpu.loop(count, step, (state[...], previous[...]), reverse=reverse)
-        state[...] = h
-        previous[...] = a_last
+        h, a_last = _tpu.loop(count, step, (get(state), get(previous)), reverse=reverse)
+        put(state, h)
+        put(previous, a_last)
 
     _tpu.over_rows(g, j, run)
     if staged_out:
-        _tpu.stage_out(g, sink, h_ref)
+        _tpu.stage_out_parts(g, sink, h_refs)
     if final_only:
         @pl.when(k == g.chunks - 1)
         def _():
-            h_ref[...] = state[...]
+            put(h_refs, get(state))
 
 
 def _plan(P, T, Q, operands, out_dtype, final_only, budget=None):
     """The geometry of a recurrence (its VMEM need: no scratch but the state, so the widest
-    row tile always fits)."""
+    row tile always fits). `operands`: the real arrays passed for a and x (their parts)."""
+    ph = 2 if jnp.issubdtype(out_dtype, jnp.complexfloating) else 1
+    out_itemsize = 4 if ph == 2 else out_dtype.itemsize
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
         staged = sum(op.kind == "rows" and op.staged for op in ops)
-        staged += not final_only and _tpu.staged(g, out_dtype)
-        tiles = [(_tpu.Operand("tile"), 4)]  # h0
+        staged += ph * (not final_only and _tpu.staged(g, jnp.float32 if ph == 2 else out_dtype))
+        tiles = [(_tpu.Operand("tile"), 4)] * ph  # h0
         return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands)] + tiles,
-                              stages=staged, scratch_rows=2,
-                              outputs=[] if final_only else [out_dtype.itemsize])
+                              stages=staged, scratch_rows=2 * ph,
+                              outputs=[] if final_only else [out_itemsize] * ph)
 
     return _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)
 
@@ -111,40 +139,54 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
                    out_dtype, interpret=None):
     """Run along axis 1 of (P|1, T|1, Q|1) operands (`h0`: (P|1, 1, Q|1)); see
     `_xla_recurrence.recurrence_pnq`. Returns (P, T, Q), or (P, 1, Q) when `final_only`.
+    Complex64 runs as float32 parts (of a and x where each is complex; no activation).
     `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU."""
     P, T, Q = broadcast_shape(a, x, h0)
     out_dtype = jnp.dtype(out_dtype)
+    _tpu.require_real(out_dtype, "recurrence")
+    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
+    if complex_ and activation is not None:
+        raise ValueError("the Pallas TPU recurrence runs complex recurrences without an activation")
+    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
+    a_parts, x_parts = (_tpu.parts_of(v, complex_ and jnp.iscomplexobj(v)) for v in (a, x))
+    h0_parts = _tpu.parts_of(h0, complex_)
     budget = _tpu.vmem()
-    g = _plan(P, T, Q, (a, x), out_dtype, final_only, budget.budget)
-    prepared = [_tpu.prepare(g, v) for v in (a, x)]
-    ops = [op for _, op in prepared]
-    staged_out = not final_only and _tpu.staged(g, out_dtype)
+    g = _plan(P, T, Q, a_parts + x_parts, out_dtype, final_only, budget.budget)
+    prepared = [[_tpu.prepare(g, v) for v in parts] for parts in (a_parts, x_parts)]
+    ops = [pieces[0][1] for pieces in prepared]
+    staged_out = not final_only and _tpu.staged(g, part_dtype)
+    ph = len(h0_parts)
 
     def chunk_of(k):
         return g.chunks - 1 - k if reverse else k
 
     tile = _tpu.Operand("tile")
-    inputs = [v for v, _ in prepared] + [_tpu.tiles_of(g, h0)]
-    in_specs = [_tpu.block_spec(g, op, chunk_of) for op in ops] + [
-        _tpu.block_spec(g, tile, chunk_of)]
+    inputs = [v for pieces in prepared for v, _ in pieces] + [_tpu.tiles_of(g, v) for v in h0_parts]
+    in_specs = [_tpu.block_spec(g, op, chunk_of) for op, pieces in zip(ops, prepared, strict=True)
+                for _ in pieces] + [_tpu.block_spec(g, tile, chunk_of)] * ph
     if final_only:
         out_shape = jax.ShapeDtypeStruct((*g.groups, *g.tile), jnp.float32)
         out_spec = _tpu.block_spec(g, tile, chunk_of)
     else:
         shape = (P, T) if g.layout == "transposed" else (P, T, Q)
-        out_shape = jax.ShapeDtypeStruct(shape, out_dtype)
+        out_shape = jax.ShapeDtypeStruct(shape, part_dtype)
         out_spec = _tpu.block_spec(g, _tpu.Operand("rows"), chunk_of)
     vmem = _tpu.pltpu.VMEM
     stage = vmem(_tpu.stage_shape(g), jnp.float32)
-    scratch = [vmem(g.tile, jnp.float32)] * 2  # the state, and the previous step's a
-    scratch += [stage for op in ops if op.kind == "rows" and op.staged]
-    scratch += [stage] * staged_out
-    kernel = functools.partial(_kernel, g=g, ops=ops, reverse=reverse, shifted=shifted,
+    # the state, and the previous step's a (each in its parts)
+    scratch = [vmem(g.tile, jnp.float32)] * (ph + len(a_parts))
+    scratch += [stage for op, pieces in zip(ops, prepared, strict=True) for _ in pieces
+                if op.kind == "rows" and op.staged]
+    scratch += [stage] * (ph * staged_out)
+    kernel = functools.partial(_kernel, g=g, ops=ops, parts=(len(a_parts), len(x_parts)),
+                               reverse=reverse, shifted=shifted,
                                act=ACTIVATIONS[activation] or (lambda v: v),
                                final_only=final_only, staged_out=staged_out)
-    (h,) = _tpu.call(kernel, g, inputs, in_specs, [out_shape], [out_spec], scratch,
-                     steps=g.chunks, name="tridiax_recurrence_tpu", vmem_limit=budget.limit,
-                     interpret=interpret)
+    h = _tpu.call(kernel, g, inputs, in_specs, [out_shape] * ph, [out_spec] * ph, scratch,
+                  steps=g.chunks, name="tridiax_recurrence_tpu", vmem_limit=budget.limit,
+                  interpret=interpret)
     if final_only:
-        return _tpu.from_tiles(g, h).astype(out_dtype)
+        h = [_tpu.from_tiles(g, part) for part in h]
+        return (jax.lax.complex(*h) if complex_ else h[0].astype(out_dtype))
+    h = jax.lax.complex(*h) if complex_ else h[0]
     return h.reshape(P, T, Q)

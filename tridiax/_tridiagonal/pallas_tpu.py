@@ -38,11 +38,20 @@ too.
 The scratch holds (work values) x N row tiles, so the row tile narrows (fewer sublanes) as N
 grows (`_tpu.geometry`; a float32 "thomas" solve in v5e's and v6e's 48 MiB budget: 8 sublanes
 up to about 5400 rows, then 4, 2 and 1, up to about 48000 rows; in the 12 MiB a chip not known
-gets, 8 sublanes up to about 760 rows, 1 up to 11500; "pivoted" half as long); longer systems
-run XLA's loop unless the planner splits them into chunks (`fits`).
+gets, 8 sublanes up to about 760 rows, 1 up to 11500; "pivoted" half as long). Longer systems
+are split into chunks by the planner (`fits`) where their batch fills lanes; otherwise the
+unpivoted, non-periodic kinds (`STREAMED_KINDS`) run in two launches whose work rows go through
+HBM (`_streamed_solve`: the forward sweep writes c' and y', the back substitution reads them,
+1.8 times the floor's bytes, no VMEM-sized scratch), and the other kinds run XLA's loop.
+
+Complex64 systems are solved as their float32 real and imaginary parts (`_pallas/tpu.py`,
+`parts_of`): every operand, output, scratch and carried tile comes in two parts, the rows are
+read as `SplitComplex` tiles, and the same code does their arithmetic (Smith's division, pivots
+by |Re| + |Im|, as every backend).
 
 `factor_pnq` is the "thomas" forward elimination without a right-hand side, writing the
-factors (l, m, c') row by row in one pass (`_tridiagonal/factorization.py`).
+factors (l, m, c') row by row in one pass (`_tridiagonal/factorization.py`); complex factors
+come from XLA's sweep.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
+from .._core.split_complex import SplitComplex, as_split, select, zeros_like
 from .._pallas import tpu as _tpu
 from . import periodic as _periodic
 from .xla import pivot_step
@@ -81,11 +91,11 @@ def _corners(carry, l_i, d_i, u_i, *, first, last, transposed):
     beta = A[N-1, 0], kept in the carry's last three tiles from the row that holds them),
     this row's diagonal of T', and z's right-hand side at rows 0 and N-1: u = (gamma, 0, ...,
     beta), or v = (1, 0, ..., alpha/gamma) for A^T."""
-    alpha = jnp.where(first, l_i, carry[-3])
-    gamma = jnp.where(first, _periodic.split(d_i, l_i, u_i), carry[-2])
-    beta = jnp.where(last, u_i, carry[-1])
+    alpha = select(first, l_i, carry[-3])
+    gamma = select(first, _periodic.split_values(d_i, l_i, u_i), carry[-2])
+    beta = select(last, u_i, carry[-1])
     corr = -alpha * beta / gamma  # d'[N-1] = d[N-1] - alpha*beta/gamma
-    diag = d_i - jnp.where(first, gamma, 0.0) + jnp.where(last, corr, 0.0)
+    diag = d_i - select(first, gamma, 0.0) + select(last, corr, 0.0)
     ends = (1.0, alpha / gamma) if transposed else (gamma, beta)
     return (alpha, gamma, beta), diag, ends
 
@@ -97,13 +107,13 @@ def _forward_row(kind, transposed, bands, carry, *, first, last):
     l_i, d_i, u_i, b_i = bands
     u_prev = carry[{"thomas": 2, "factored": 1, "periodic": 3}[kind]]  # u[i-1]
     numerator, a = (l_i, u_prev) if transposed else (u_prev, l_i)
-    a = jnp.where(first, 0.0, a)
+    a = select(first, 0.0, a)
     if kind == "factored":
         y_prev = carry[0]
         y = b_i - a * y_prev
-        return (jnp.where(first, 0.0, numerator), d_i * y), (y, u_i)
+        return (select(first, 0.0, numerator), d_i * y), (y, u_i)
     p_prev, y_prev = carry[0], carry[1]
-    c_prev = jnp.where(first, 0.0, numerator / p_prev)  # c'[i-1]
+    c_prev = select(first, 0.0, numerator / p_prev)  # c'[i-1]
     if kind == "thomas":
         p = d_i - a * c_prev
         y = (b_i - a * y_prev) / p
@@ -112,7 +122,7 @@ def _forward_row(kind, transposed, bands, carry, *, first, last):
                                            transposed=transposed)
     p = diag - a * c_prev
     y = (b_i - a * y_prev) / p
-    z = (jnp.where(first, start, jnp.where(last, end, 0.0)) - a * carry[2]) / p
+    z = (select(first, start, select(last, end, 0.0)) - a * carry[2]) / p
     return (c_prev, y, z), (p, y, z, u_i, *corners)
 
 
@@ -133,12 +143,12 @@ def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
     if periodic:
         corners, diag, (start, _) = _corners(carry, l_i, d_i, u_i, first=r == 0, last=last,
                                              transposed=transposed)
-        rhs_prev += (jnp.where(r == 1, start, 0.0),)  # row N-1's is eliminated after the loop
+        rhs_prev += (select(r == 1, start, 0.0),)  # row N-1's is eliminated after the loop
     kept, stepped = pivot_step(pending, sub_prev, d_prev, sup_prev, rhs_prev)
     for rows, value in zip(work, kept, strict=True):
         rows.store(target, value)
     started = (d_prev, sup_prev, *rhs_prev)
-    pending = tuple(jnp.where(r >= 2, s, jnp.where(r == 1, b, p))
+    pending = tuple(select(r >= 2, s, select(r == 1, b, p))
                     for s, b, p in zip(stepped, started, pending, strict=True))
     return (*pending, sub, diag, b_i, u_i, *corners)
 
@@ -149,7 +159,7 @@ def _pivoted_last_rows(g, kind, transposed, work, carry, start):
     rhs = 2 if _periodic.is_periodic(kind) else 1
     pending = carry[:2 + rhs]
     sub_last, d_last, b_last = carry[2 + rhs:5 + rhs]
-    zero = jnp.zeros_like(d_last)
+    zero = zeros_like(d_last)
     if g.N == 1:
         last = (b_last / d_last,)
     else:
@@ -165,42 +175,109 @@ def _pivoted_last_rows(g, kind, transposed, work, carry, start):
         rows.store(g.N - 1 - start, value)
 
 
-def _kernel(*refs, g, ops, kind, transposed, direct_out):
+def _substitution_row(work, out):
+    """The unpivoted kinds' back substitution at row i, x[i] = v[i] - c'[i]*x[i+1] for each
+    right-hand side v (`work`: c' stored one row down, then the v's), x stored in `out` (None:
+    in place of v); the carry is (x[i+1] of each, c'[i])."""
+    cs, *vectors = work
+
+    def row(i, carry):
+        *after, c_next = carry
+        for n, v in enumerate(vectors):
+            after[n] = v.load(i) - c_next * after[n]
+            (v if out is None else out).store(i, after[n])
+        return (*after, cs.load(i))
+
+    return row, vectors
+
+
+class _Parts:
+    """A kernel's refs in `parts` (2: complex values' real and imaginary parts, one ref after
+    the other): row accesses joined over the parts, and the carry scratch's tiles."""
+
+    def __init__(self, g, parts: int, carry_ref):
+        self.g, self.parts, self.carry_ref = g, parts, carry_ref
+
+    def grouped(self, refs, make):
+        """One row access (`make(ref)`, joined over the parts) per operand of `refs`."""
+        return [_tpu.joined([make(ref) for ref in refs[n:n + self.parts]])
+                for n in range(0, len(refs), self.parts)]
+
+    def readers(self, ops, refs, stages):
+        """The row access of each operand (its blocks `refs`; staged operands fill the next
+        of `stages`)."""
+        readers = []
+        for n, op in enumerate(ops):
+            accesses = []
+            for ref in refs[n * self.parts:(n + 1) * self.parts]:
+                stage = stages.pop(0) if op.kind == "rows" and op.staged else None
+                if stage is not None:
+                    _tpu.stage_in(self.g, ref, stage)
+                accesses.append(_tpu.reader(self.g, op, ref, stage))
+            readers.append(_tpu.joined(accesses))
+        return readers
+
+    def rows_of(self, refs):
+        """Row accesses of "rows" output blocks, straight into the blocks."""
+        return self.grouped(refs, lambda ref: _tpu.RowRef(self.g, ref.at[0], self.g.rows))
+
+    def get(self, n):
+        if self.parts == 1:
+            return self.carry_ref[n]
+        return SplitComplex(self.carry_ref[2 * n], self.carry_ref[2 * n + 1])
+
+    def set(self, n, value):
+        if self.parts == 1:
+            self.carry_ref[n] = value
+        else:
+            value = as_split(value)
+            self.carry_ref[2 * n], self.carry_ref[2 * n + 1] = value.re, value.im
+
+    def load(self, count):
+        return tuple(self.get(n) for n in range(count))
+
+    def store(self, values):
+        for n, value in enumerate(values):
+            self.set(n, value)
+
+
+def _initial_carry(g, kind):
+    """The forward sweep's carry before row 0 (p = 1 for the dividing sweeps)."""
+    return [jnp.full(g.tile, 1.0 if n == 0 and kind != "factored" else 0.0, jnp.float32)
+            for n in range(_CARRY[kind])]
+
+
+def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
     """Refs: the bands' blocks (l, d, u, b), x's block, the work scratches (`_WORK`), the
-    carry (`_CARRY` row tiles), the stages of staged operands."""
-    band_refs, (x_ref, *refs) = refs[:4], refs[4:]
-    work_refs, (carry_ref, *stages) = refs[:_WORK[kind]], refs[_WORK[kind]:]
+    carry (`_CARRY` row tiles), the stages of staged operands; of each operand, output and
+    scratch its `parts` (2: complex values' real and imaginary parts, one after the other)."""
+    n_work = _WORK[kind]
+    band_refs, refs = refs[:4 * parts], refs[4 * parts:]
+    x_refs, refs = refs[:parts], refs[parts:]
+    work_refs, (carry_ref, *stages) = refs[:n_work * parts], refs[n_work * parts:]
     C = g.chunks
     k = pl.program_id(2)
     tile = functools.partial(jnp.full, g.tile, dtype=jnp.float32)
+    io = _Parts(g, parts, carry_ref)
+    carry_get, carry_set, load_carry, store_carry = io.get, io.set, io.load, io.store
 
-    def work_rows(j):
-        offset = _tpu.aligned(j * g.rows)
-        return [_tpu.RowRef(g, ref, g.total_rows, offset) for ref in work_refs]
+    def work_rows(j, offset=None):
+        offset = _tpu.aligned(j * g.rows) if offset is None else offset
+        return io.grouped(work_refs, lambda ref: _tpu.RowRef(g, ref, g.total_rows, offset))
 
-    def load_carry(count):
-        return tuple(carry_ref[n] for n in range(count))
-
-    def store_carry(values):
-        for n, value in enumerate(values):
-            carry_ref[n] = value
+    def output_rows():
+        return io.rows_of(x_refs)[0]
 
     @pl.when(k < C)
     def _():
         j = k
-        readers = []
-        for op, ref in zip(ops, band_refs, strict=True):
-            stage = stages.pop(0) if op.kind == "rows" and op.staged else None
-            if stage is not None:
-                _tpu.stage_in(g, ref, stage)
-            readers.append(_tpu.reader(g, op, ref, stage))
+        readers = io.readers(ops, band_refs, stages)
         work = work_rows(j)
         start = j * g.chunk
 
         @pl.when(k == 0)
         def _():
-            store_carry([tile(1.0 if n == 0 and kind != "factored" else 0.0)
-                         for n in range(_CARRY[kind])])
+            store_carry(_initial_carry(g, kind))
 
         def run(count):
             def row(i, carry):
@@ -231,7 +308,7 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out):
         if _periodic.is_periodic(kind):
             out = None  # y and z stay in their scratches for the third phase
         elif direct_out:
-            out = _tpu.RowRef(g, x_ref.at[0], g.rows)
+            out = output_rows()
         else:
             out = work[-1]  # x overwrites y (in place: each row is read before it is written)
 
@@ -252,21 +329,14 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out):
                         after += [x, x1]
                     return tuple(after)
             else:
-                cs, *vectors = work
-
-                def row(i, carry):
-                    *after, c_next = carry
-                    for n, v in enumerate(vectors):
-                        after[n] = v.load(i) - c_next * after[n]
-                        (v if out is None else out).store(i, after[n])
-                    return (*after, cs.load(i))
+                row, vectors = _substitution_row(work, out)
             rhs = len(vectors)
             carry = load_carry(2 * rhs if _pivoting(kind) else rhs + 1)
             store_carry(_tpu.loop(count, row, carry, reverse=True))
 
         _tpu.over_rows(g, j, run)
         if out is not None and not direct_out:
-            _tpu.stage_out(g, out, x_ref)
+            _tpu.stage_out_parts(g, out, x_refs)
 
     if _periodic.is_periodic(kind):
         @pl.when(k >= 2 * C)
@@ -276,15 +346,15 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out):
 
             @pl.when(k == 2 * C)
             def _():  # f, before x overwrites y (a staged output is written into y's scratch)
-                everything = [_tpu.RowRef(g, ref, g.total_rows) for ref in work_refs[-2:]]
-                alpha, gamma, beta = (carry_ref[n] for n in range(_CARRY[kind] - 3, _CARRY[kind]))
+                everything = work_rows(0, 0)[-2:]
+                alpha, gamma, beta = (carry_get(n) for n in range(_CARRY[kind] - 3, _CARRY[kind]))
                 # f = (v.y) / (1 + v.z), or (u.y) / (1 + u.z) for A^T
                 first, last = (gamma, beta) if transposed else (1.0, alpha / gamma)
                 (y0, z0), (yl, zl) = ([v.load(i) for v in everything] for i in (0, g.N - 1))
-                carry_ref[0] = (first * y0 + last * yl) / (1 + first * z0 + last * zl)
+                carry_set(0, (first * y0 + last * yl) / (1 + first * z0 + last * zl))
 
-            f = carry_ref[0]
-            out = _tpu.RowRef(g, x_ref.at[0], g.rows) if direct_out else ys
+            f = carry_get(0)
+            out = output_rows() if direct_out else ys
 
             def run(count):
                 def row(i, _):
@@ -295,19 +365,159 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out):
 
             _tpu.over_rows(g, j, run)
             if not direct_out:
-                _tpu.stage_out(g, ys, x_ref)
+                _tpu.stage_out_parts(g, ys, x_refs)
 
 
-def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
-    """The geometry of a solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`)."""
+# ---------------------------------------------------------------------------------------------
+# Systems too long for VMEM, unpivoted and not periodic: the work rows streamed through HBM.
+
+STREAMED_KINDS = ("thomas", "factored")
+
+
+def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
+    """The forward sweep, writing each row's work values (c' one row down, y') to two float32
+    outputs. Refs: the bands' blocks, the work outputs' blocks, the carry, the stages of staged
+    operands, then of the work outputs (`staged_work`); each in its `parts`."""
+    band_refs, refs = refs[:4 * parts], refs[4 * parts:]
+    work_refs, (carry_ref, *stages) = refs[:2 * parts], refs[2 * parts:]
+    out_stages = stages[len(stages) - 2 * parts:] if staged_work else []
+    stages = stages[:len(stages) - len(out_stages)]
+    j = pl.program_id(2)
+    io = _Parts(g, parts, carry_ref)
+    readers = io.readers(ops, band_refs, stages)
+    sinks = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_work
+             else io.rows_of(work_refs))
+
+    @pl.when(j == 0)
+    def _():
+        io.store(_initial_carry(g, kind))
+
+    def run(count):
+        def row(i, carry):
+            r = j * g.chunk + i
+            bands = [reader.load(i) for reader in readers]
+            values, after = _forward_row(kind, transposed, bands, carry, first=r == 0,
+                                         last=r == g.N - 1)
+            for sink, value in zip(sinks, values, strict=True):
+                sink.store(i, value)
+            return after
+
+        io.store(_tpu.loop(count, row, io.load(_CARRY[kind])))
+
+    _tpu.over_rows(g, j, run)
+    for n, sink in enumerate(sinks if staged_work else ()):
+        _tpu.stage_out_parts(g, sink, work_refs[n * parts:(n + 1) * parts])
+
+
+def _streamed_backward(*refs, g, parts, staged_work, staged_out):
+    """The back substitution from the work outputs, last chunk first. Refs: the work values'
+    blocks, x's blocks, the carry, the stages of the work values (`staged_work`) and of x
+    (`staged_out`); each in its `parts`."""
+    work_refs, refs = refs[:2 * parts], refs[2 * parts:]
+    x_refs, (carry_ref, *stages) = refs[:parts], refs[parts:]
+    out_stages = stages[len(stages) - parts:] if staged_out else []
+    stages = stages[:len(stages) - len(out_stages)]
+    k = pl.program_id(2)
+    j = g.chunks - 1 - k
+    io = _Parts(g, parts, carry_ref)
+    work = io.readers([_tpu.Operand("rows", staged=staged_work)] * 2, work_refs, stages)
+    out = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
+           else io.rows_of(x_refs))[0]
+
+    @pl.when(k == 0)
+    def _():
+        io.store([jnp.zeros(g.tile, jnp.float32)] * 2)
+
+    def run(count):
+        row, _ = _substitution_row(work, out)
+        io.store(_tpu.loop(count, row, io.load(2), reverse=True))
+
+    _tpu.over_rows(g, j, run)
+    if staged_out:
+        _tpu.stage_out_parts(g, out, x_refs)
+
+
+def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpret):
+    """A solve of systems too long for VMEM in two launches: the forward sweep writes its work
+    values to HBM (two float32 arrays), the back substitution reads them, last chunk first. The
+    operands are read once and x written once, as by the one-launch kernel; the work values
+    cost four more passes over a float32 array."""
+    P, N, Q = broadcast_shape(l, d, u, b)
+    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
+    parts = 2 if complex_ else 1
+    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
+    operands = [part for v in (l, d, u, b) for part in _tpu.parts_of(v, complex_)]
+    rows = _tpu.Operand("rows")
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
-        staged = sum(op.kind == "rows" and op.staged for op in ops)
-        sizes = [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)]
+        staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part_dtype)
+        forward = _tpu.vmem_need(
+            g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)],
+            stages=sum(op.kind == "rows" and op.staged for op in ops) + 2 * parts * staged_work,
+            scratch_rows=_CARRY[kind] * parts, outputs=[4] * (2 * parts))
+        backward = _tpu.vmem_need(g, [(rows, 4)] * (2 * parts),
+                                  stages=parts * (2 * staged_work + staged_out),
+                                  scratch_rows=2 * parts, outputs=[part_dtype.itemsize] * parts)
+        return max(forward, backward)
+
+    g = _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget.budget)
+    if g is None:  # not even one chunk's buffers fit (a budget far below any chip's)
+        return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
+    prepared = [_tpu.prepare(g, v) for v in operands]
+    ops = [op for _, op in prepared[::parts]]
+    staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part_dtype)
+    C = g.chunks
+    vmem = _tpu.pltpu.VMEM
+    stage = vmem(_tpu.stage_shape(g), jnp.float32)
+    shape = (P, N) if g.layout == "transposed" else (P, N, Q)
+
+    def forward_chunk(k):
+        return k
+
+    def backward_chunk(k):
+        return C - 1 - k
+
+    scratch = [vmem((_CARRY[kind] * parts, *g.tile), jnp.float32)]
+    scratch += [stage for _, op in prepared if op.kind == "rows" and op.staged]
+    scratch += [stage] * (2 * parts * staged_work)
+    kernel = functools.partial(_streamed_forward, g=g, ops=ops, kind=kind, transposed=transposed,
+                               parts=parts, staged_work=staged_work)
+    work = _tpu.call(kernel, g, [v for v, _ in prepared],
+                     [_tpu.block_spec(g, op, forward_chunk) for _, op in prepared],
+                     [jax.ShapeDtypeStruct(shape, jnp.float32)] * (2 * parts),
+                     [_tpu.block_spec(g, rows, forward_chunk)] * (2 * parts), scratch,
+                     steps=C, name=f"tridiax_{kind}_forward_tpu", vmem_limit=budget.limit,
+                     interpret=interpret)
+    scratch = [vmem((2 * parts, *g.tile), jnp.float32)]
+    scratch += [stage] * (parts * (2 * staged_work + staged_out))
+    kernel = functools.partial(_streamed_backward, g=g, parts=parts, staged_work=staged_work,
+                               staged_out=staged_out)
+    x = _tpu.call(kernel, g, work, [_tpu.block_spec(g, rows, backward_chunk)] * (2 * parts),
+                  [jax.ShapeDtypeStruct(shape, part_dtype)] * parts,
+                  [_tpu.block_spec(g, rows, backward_chunk)] * parts, scratch, steps=C,
+                  name=f"tridiax_{kind}_backward_tpu", vmem_limit=budget.limit,
+                  interpret=interpret)
+    x = jax.lax.complex(*x) if complex_ else x[0]
+    return x.reshape(P, N, Q)
+
+
+def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
+    """The geometry of a solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`); complex
+    calls hold two float32 parts of every operand, output and scratch."""
+    parts = 2 if jnp.issubdtype(out_dtype, jnp.complexfloating) else 1
+
+    def need(g):
+        ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
+        itemsize = [4 if parts == 2 else v.dtype.itemsize for v in operands]
+        staged = parts * sum(op.kind == "rows" and _tpu.staged(g, jnp.float32 if parts == 2
+                                                                else v.dtype)
+                             for op, v in zip(ops, operands, strict=True))
+        sizes = [(op, n) for op, n in zip(ops, itemsize, strict=True)] * parts
+        out = 4 if parts == 2 else jnp.dtype(out_dtype).itemsize
         return _tpu.vmem_need(g, sizes, stages=staged,
-                              scratch_rows=_WORK[kind] * g.total_rows + _carry_tiles(kind),
-                              outputs=[jnp.dtype(out_dtype).itemsize])
+                              scratch_rows=parts * (_WORK[kind] * g.total_rows + _carry_tiles(kind)),
+                              outputs=[out] * parts)
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
@@ -345,18 +555,25 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
     """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q) of `out_dtype`.
     `kind`: one of KINDS (module docstring; the periodic kinds need N >= 3). `interpret`: Pallas's
     interpret mode (`pltpu.InterpretParams`, or True) to run on CPU. Systems too long for
-    VMEM (`fits`) are solved by XLA's loop."""
+    VMEM (`fits`) stream their work rows through HBM (`STREAMED_KINDS`) or run XLA's loop."""
     if kind not in KINDS:
         raise ValueError(f"the Pallas TPU solve has no kind {kind!r}; kinds: {KINDS}")
     P, N, Q = broadcast_shape(l, d, u, b)
     out_dtype = jnp.dtype(out_dtype)
     budget = _tpu.vmem()
     g = _plan(P, N, Q, (l, d, u, b), out_dtype, kind=kind, budget=budget.budget)
+    if g is None and kind in STREAMED_KINDS:
+        return _streamed_solve(l, d, u, b, kind=kind, transposed=transposed, out_dtype=out_dtype,
+                               budget=budget, interpret=interpret)
     if g is None:
         return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
-    prepared = [_tpu.prepare(g, v) for v in (l, d, u, b)]
-    ops = [op for _, op in prepared]
-    direct_out = not _tpu.staged(g, out_dtype)
+    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
+    parts = 2 if complex_ else 1
+    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
+    prepared = [[_tpu.prepare(g, part) for part in _tpu.parts_of(v, complex_)]
+                for v in (l, d, u, b)]
+    ops = [pieces[0][1] for pieces in prepared]
+    direct_out = not _tpu.staged(g, part_dtype)
     C = g.chunks
 
     def chunk_in(k):
@@ -367,21 +584,22 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
             return jnp.clip(k - 2 * C, 0, C - 1)
         return jnp.clip(2 * C - 1 - k, 0, C - 1)
 
-    inputs = [v for v, _ in prepared]
-    in_specs = [_tpu.block_spec(g, op, chunk_in) for op in ops]
+    inputs = [v for pieces in prepared for v, _ in pieces]
+    in_specs = [_tpu.block_spec(g, op, chunk_in) for op in ops for _ in range(parts)]
     shape = (P, N) if g.layout == "transposed" else (P, N, Q)
     out_spec = _tpu.block_spec(g, _tpu.Operand("rows"), chunk_out)
     vmem = _tpu.pltpu.VMEM
-    scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * _WORK[kind]
-    scratch.append(vmem((_carry_tiles(kind), *g.tile), jnp.float32))
+    scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * (_WORK[kind] * parts)
+    scratch.append(vmem((_carry_tiles(kind) * parts, *g.tile), jnp.float32))
     scratch += [vmem(_tpu.stage_shape(g), jnp.float32)
-                for op in ops if op.kind == "rows" and op.staged]
+                for pieces in prepared for _, op in pieces if op.kind == "rows" and op.staged]
     kernel = functools.partial(_kernel, g=g, ops=ops, kind=kind, transposed=transposed,
-                               direct_out=direct_out)
+                               direct_out=direct_out, parts=parts)
     phases = 3 if _periodic.is_periodic(kind) else 2
-    (x,) = _tpu.call(kernel, g, inputs, in_specs, [jax.ShapeDtypeStruct(shape, out_dtype)],
-                     [out_spec], scratch, steps=phases * C, name=f"tridiax_{kind}_tpu",
-                     vmem_limit=budget.limit, interpret=interpret)
+    x = _tpu.call(kernel, g, inputs, in_specs, [jax.ShapeDtypeStruct(shape, part_dtype)] * parts,
+                  [out_spec] * parts, scratch, steps=phases * C, name=f"tridiax_{kind}_tpu",
+                  vmem_limit=budget.limit, interpret=interpret)
+    x = jax.lax.complex(*x) if complex_ else x[0]
     return x.reshape(P, N, Q)
 
 
@@ -436,9 +654,14 @@ def _factor_kernel(l_ref, d_ref, u_ref, lo_ref, m_ref, c_ref, carry_ref, *stages
 
 def factor_pnq(l, d, u, *, out_dtype, interpret=None):
     """The factors (l, m, c') of the systems along axis 1 of (P|1, N|1, Q|1) bands, three
-    (P, N, Q) arrays of `out_dtype` (`_xla.factor_sweep` states them)."""
+    (P, N, Q) arrays of `out_dtype` (`_xla.factor_sweep` states them); complex factors by
+    XLA's sweep (the solves with them run the kernel)."""
     P, N, Q = broadcast_shape(l, d, u)
     out_dtype = jnp.dtype(out_dtype)
+    if jnp.issubdtype(out_dtype, jnp.complexfloating):
+        from . import xla as _xla
+
+        return _xla.factor_pnq(l, d, u, out_dtype=out_dtype)
     budget = _tpu.vmem()
     bands = (l, d, u)
 

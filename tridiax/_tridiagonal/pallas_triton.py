@@ -40,9 +40,10 @@ from jax import lax
 
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
-from .._core.split_complex import SplitComplex, modulus, select, zeros_like
+from .._core.split_complex import SplitComplex, select, zeros_like
 from .._pallas import row_tiles as _pallas_rows
 from .._pallas.tiles import TileRows, launch
+from . import periodic as _periodic
 from .xla import pivot_step
 
 # Work rows each kind stores as extra outputs: c' (thomas); c' and z (periodic); none (factored);
@@ -112,7 +113,7 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         # elimination loop rather than kept live across it.
         lo0, upn = load(l_ref, 0), load(u_ref, n - 1)
         alpha, beta = (upn, lo0) if transposed else (lo0, upn)
-        return alpha, beta, _split(load(d_ref, 0), alpha, sup(0), divide)
+        return alpha, beta, _periodic.split_values(load(d_ref, 0), alpha, sup(0), divide)
 
     p_first = load(d_ref, 0)
     if periodic:
@@ -164,19 +165,6 @@ def _kernel(l_ref, d_ref, u_ref, b_ref, x_ref, *extra, n, kind, transposed, tile
         store(x_ref, i, load(y_ref, i) - f * load(z_ref, i))
 
     lax.fori_loop(0, n, combine, None)
-
-
-def _split(d0, alpha, u0, divide):
-    """`_periodic.split`: -(d0/|d0|) * size (d0/|d0| = 1 at 0), size = max(|d0|, |alpha|,
-    |u0|); for real systems without its division."""
-    size = jnp.maximum(jnp.maximum(modulus(d0), modulus(alpha)), modulus(u0))
-    if not isinstance(d0, SplitComplex):
-        return jnp.where(d0 < 0, size, -size)
-    m = modulus(d0)
-    nonzero = m > 0
-    m = jnp.where(nonzero, m, 1)
-    return SplitComplex(-jnp.where(nonzero, divide(d0.re, m), 1) * size,
-                        -jnp.where(nonzero, divide(d0.im, m), 0) * size)
 
 
 def _pivoted(rows, sub, sup, d_ref, b_ref, y_ref, x_ref, pivot_ref, u1_ref, u2_ref, *, n):

@@ -26,11 +26,14 @@ once (one launch of the pivoted kernel, the bands shared by both) and combines t
 
 from __future__ import annotations
 
+import operator
+
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
 from .._core import along_axis as _along
+from .._core.split_complex import SplitComplex, modulus
 
 
 def is_periodic(kind: str) -> bool:
@@ -44,6 +47,19 @@ def split(d0: Array, alpha: Array, u0: Array) -> Array:
     magnitude = jnp.abs(d0)
     direction = jnp.where(magnitude > 0, d0 / jnp.where(magnitude > 0, magnitude, 1), 1)
     return -(direction * size).astype(d0.dtype)
+
+
+def split_values(d0, alpha, u0, divide=operator.truediv):
+    """`split` for the kernels' values, real or `SplitComplex`: -(d0/|d0|) * size (d0/|d0| = 1
+    at 0), size = max(|d0|, |alpha|, |u0|); for real systems without its division."""
+    size = jnp.maximum(jnp.maximum(modulus(d0), modulus(alpha)), modulus(u0))
+    if not isinstance(d0, SplitComplex):
+        return jnp.where(d0 < 0, size, -size)
+    m = modulus(d0)
+    nonzero = m > 0
+    m = jnp.where(nonzero, m, 1)
+    return SplitComplex(-jnp.where(nonzero, divide(d0.re, m), 1) * size,
+                        -jnp.where(nonzero, divide(d0.im, m), 0) * size)
 
 
 def _end(x: Array, axis: int, last: bool) -> Array:
