@@ -171,9 +171,13 @@ KIND_CASES = [
 
 
 def _sweep(bands, *, kind, transposed, dtype):
-    """`verify.sequential_solve` of the operands' values (the bands of A^T when `transposed`)
-    in `dtype` (float32: the sweep every kernel runs; float64: the exact answer)."""
-    lower, diag, upper, rhs = (np.asarray(v.astype(jnp.float32)).astype(dtype) for v in bands)
+    """`verify.sequential_solve` of the operands' values, broadcast (the bands of A^T when
+    `transposed`), in `dtype` (float32 or complex64: the sweep every kernel runs; float64 or
+    complex128: the exact answer)."""
+    shape = np.broadcast_shapes(*(v.shape for v in bands))
+    lower, diag, upper, rhs = (
+        np.broadcast_to(np.asarray(v if jnp.iscomplexobj(v) else v.astype(jnp.float32)), shape)
+        .astype(dtype) for v in bands)
     if transposed:
         lower, upper = np.roll(upper, 1, axis=1), np.roll(lower, -1, axis=1)
     return verify.sequential_solve(lower, diag, upper, rhs, axis=1, dtype=dtype,
@@ -183,11 +187,14 @@ def _sweep(bands, *, kind, transposed, dtype):
 def _as_accurate_as_the_sweep(got, bands, *, kind, transposed, dtype):
     """The kernel's error against the exact answer is within a few times that of the float32
     sequential sweep (rounded to `dtype`), system by system at its worst: the pivoted kinds
-    run on matrices far from diagonally dominant, whose errors are set by their conditioning."""
-    exact = _sweep(bands, kind=kind, transposed=transposed, dtype=np.float64)
+    run on matrices far from diagonally dominant, whose errors are set by their conditioning.
+    Complex systems: the complex64 sweep, against complex128."""
+    single, wide = ((np.complex64, np.complex128) if jnp.issubdtype(dtype, jnp.complexfloating)
+                    else (np.float32, np.float64))
+    exact = _sweep(bands, kind=kind, transposed=transposed, dtype=wide)
     sweep = np.asarray(jnp.asarray(_sweep(bands, kind=kind, transposed=transposed,
-                                          dtype=np.float32)).astype(dtype).astype(jnp.float32))
-    got = np.asarray(jnp.asarray(got).astype(jnp.float32))
+                                          dtype=single)).astype(dtype).astype(single))
+    got = np.asarray(jnp.asarray(got).astype(single))
     assert np.all(np.isfinite(got)), "non-finite values in the kernel's result"
     scale = np.max(np.abs(exact), axis=1) + 1e-30
     errors = [np.max(np.max(np.abs(x - exact), axis=1) / scale) for x in (got, sweep)]
@@ -249,18 +256,8 @@ def test_complex_every_kind(case):
     x = tpu_thomas.solve_pnq(lower, diag, upper, rhs, transposed=transposed, out_dtype=C64,
                              kind=kind, interpret=_tpu.interpret_params())
     assert x.shape == (P, N, Q) and x.dtype == C64
-    bands = [np.asarray(jnp.broadcast_to(v, (P, N, Q))) for v in (lower, diag, upper, rhs)]
-    if transposed:
-        bands[0], bands[2] = np.roll(bands[2], 1, axis=1), np.roll(bands[0], -1, axis=1)
-
-    def sweep(dtype):
-        return verify.sequential_solve(*(v.astype(dtype) for v in bands), axis=1, dtype=dtype,
-                                       periodic="periodic" in kind, pivoting="pivoted" in kind)
-
-    exact, single = sweep(np.complex128), sweep(np.complex64)
-    scale = np.max(np.abs(exact), axis=1) + 1e-30
-    errors = [np.max(np.max(np.abs(np.asarray(v) - exact), axis=1) / scale) for v in (x, single)]
-    assert errors[0] <= 4 * errors[1] + 4 * np.finfo(np.float32).eps, errors
+    _as_accurate_as_the_sweep(x, (lower, diag, upper, rhs), kind=kind, transposed=transposed,
+                              dtype=C64)
 
 
 def _numpy_factors(lower, diag, upper):
@@ -431,10 +428,8 @@ def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
         diag = diag + 3
         x = tpu_thomas.solve_pnq(lower, diag, upper, rhs, transposed=transposed, out_dtype=C64,
                                  interpret=params)
-        bands = [np.asarray(v, np.complex128) for v in (lower, diag, upper, rhs)]
-        if transposed:
-            bands[0], bands[2] = np.roll(bands[2], 1, axis=1), np.roll(bands[0], -1, axis=1)
-        exact = verify.sequential_solve(*bands, axis=1, dtype=np.complex128)
+        exact = _sweep((lower, diag, upper, rhs), kind=kind, transposed=transposed,
+                       dtype=np.complex128)
         assert np.max(np.abs(np.asarray(x) - exact)) <= 1e-5 * np.max(np.abs(exact))
         return
     bands = _bands(rng, [(P, N, Q)] * 4, dtype)

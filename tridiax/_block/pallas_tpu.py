@@ -60,6 +60,14 @@ def _conj(A):
             for row in A]
 
 
+def _parts(value, parts: int):
+    """The `parts` real tiles of a value (real, or `SplitComplex` when parts is 2)."""
+    if parts == 1:
+        return (value,)
+    value = as_split(value)
+    return (value.re, value.im)
+
+
 def _combine(parts):
     """Lists of rows of tiles, one per part, as one list of rows of values."""
     if len(parts) == 1:
@@ -220,8 +228,7 @@ class _Scratch:
     def store(self, i, values):
         for a, row in enumerate(values):
             for b, v in enumerate(row):
-                parts = (v,) if len(self.refs) == 1 else (as_split(v).re, as_split(v).im)
-                for ref, part in zip(self.refs, parts, strict=True):
+                for ref, part in zip(self.refs, _parts(v, len(self.refs)), strict=True):
                     ref[self._row(a * self.c + b, i), :] = part.reshape(1, -1)
 
 
@@ -266,11 +273,8 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
 
     def store_carry(values):
         for n, value in enumerate(values):
-            if parts == 1:
-                carry_ref[n] = value
-            else:
-                value = as_split(value)
-                carry_ref[2 * n], carry_ref[2 * n + 1] = value.re, value.im
+            for part, tile in enumerate(_parts(value, parts)):
+                carry_ref[parts * n + part] = tile
 
     def unflatten(values, c):
         return [list(values[a * c:(a + 1) * c]) for a in range(k)]
@@ -346,8 +350,7 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
                 else:
                     for a, values in enumerate(x):
                         for b, v in enumerate(values):
-                            v = (v,) if parts == 1 else (as_split(v).re, as_split(v).im)
-                            for ref, part in zip(x_refs, v, strict=True):
+                            for ref, part in zip(x_refs, _parts(v, parts), strict=True):
                                 ref[out.index(i, a, b)] = part.reshape(1, -1).astype(ref.dtype)
                 return (*flat(x), *flat(es.load(offset + i)))
 
@@ -365,20 +368,6 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
 # Planning and the call.
 
 
-def _lanes_geometry(P, N, Q, need, budget):
-    """`_tpu.geometry`, in the "lanes" layout whatever (P, Q) are, with chunks down to 32 rows
-    (large blocks take many row tiles a row)."""
-    s = min(_tpu.SUBLANES, -(-Q // _tpu.LANES))
-    while s >= 1:
-        for chunk in (_tpu.CHUNK, _tpu.CHUNK // 2, _tpu.CHUNK // 4, _tpu.CHUNK // 8):
-            chunks = 1 if N <= chunk else -(-N // chunk)
-            g = _tpu.Geometry("lanes", P, N, Q, s, _tpu.LANES, chunk, chunks)
-            if need(g) <= budget:
-                return g
-        s //= 2
-    return None
-
-
 def _block_bytes(g, how: Arrangement, dtype) -> int:
     """VMEM bytes of one buffer of a "rows" operand's block: its second-minor dimension in
     whole tiles (8 rows; 16 for 16-bit types)."""
@@ -393,8 +382,7 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
     VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of the blocks and b. Complex
     calls hold two float32 parts of every operand, output and scratch."""
     carried = _carried(k, m, kind)
-    parts = 2 if jnp.issubdtype(out_dtype, jnp.complexfloating) else 1
-    out_dtype = jnp.float32 if parts == 2 else out_dtype
+    parts, out_dtype = _tpu.split_dtype(out_dtype)
 
     def need(g):
         total = 0
@@ -415,7 +403,10 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
         total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
         return parts * (total + carried * g.row_tile_bytes())
 
-    return _lanes_geometry(P, N, Q, need, budget)
+    # the "lanes" layout whatever (P, Q) are; chunks down to 32 rows (large blocks take many
+    # row tiles a row)
+    return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget, layout="lanes",
+                         chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(4)))
 
 
 def _staged(how: Arrangement, dtype) -> bool:
@@ -501,9 +492,8 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     if g is None:
         return _xla.solve_pnq(lower, diag, upper, b, kind=kind, transposed=transposed,
                               out_dtype=out_dtype)
-    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
-    parts = 2 if complex_ else 1
-    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
+    parts, part_dtype = _tpu.split_dtype(out_dtype)
+    complex_ = parts == 2
     ops = [_tpu.operand(g, shape, dtype) for shape, dtype, _ in operands[:-1]]
     arranged = [how for _, _, how in operands]
     rows = _tpu.Operand("rows")

@@ -41,8 +41,9 @@ layouts) are broadcast to the full shape first, at the cost of the bytes that wr
 
 Half-precision operands are converted to float32 in VMEM (staged like a transposed layout's
 operands): a packed bf16 row cannot be loaded at a dynamic row. Complex64 operands of the
-tridiagonal, block and recurrence kernels are passed as their float32 real and imaginary parts (`parts_of`: a TPU
-stores a complex64 array as those two planes) and read as `SplitComplex` tiles (`SplitRows`).
+tridiagonal, block and recurrence kernels are passed as their float32 real and imaginary parts
+(`parts_of`: a TPU stores a complex64 array as those two planes) and read as `SplitComplex`
+tiles (`SplitRows`).
 Float64 and complex128 are not taken, nor complex64 by the other kernels (`_core/backend.py`
 says why and runs XLA's loop instead).
 
@@ -110,7 +111,7 @@ def unavailable_dtype(dtype, op: str = "thomas") -> str | None:
                 "complex64 (the tridiagonal, block and recurrence kernels take it)")
     if dtype not in TAKES and dtype != jnp.complex64:
         return (f"the Pallas TPU kernels take float32, bfloat16 and float16 (computed in "
-                f"float32) and, but for banded solves, complex64, not {dtype}")
+                f"float32) and (but for banded solves) complex64, not {dtype}")
     return None
 
 
@@ -227,13 +228,14 @@ def vmem(device_kind: str | None = None) -> Vmem:
     return Vmem(VMEM_BUDGET * limit // VMEM_LIMIT, limit)
 
 
-def geometry(P: int, N: int, Q: int, *, vmem_bytes, budget: int | None = None) -> Geometry | None:
+def geometry(P: int, N: int, Q: int, *, vmem_bytes, budget: int | None = None,
+             layout: str | None = None, chunk_sizes=(CHUNK, CHUNK // 2)) -> Geometry | None:
     """The geometry of a call whose VMEM need is `vmem_bytes(geometry)`: the widest row tile
-    (most sublanes) that fits `budget` (VMEM_BUDGET), with chunks of CHUNK rows or, where those do not
-    fit, half as many (a grid step still walks a hundred rows and more). None when no row
-    tile fits (systems too long for a kernel that keeps all their rows: the caller runs
-    XLA's loop)."""
-    layout = choose_layout(P, Q)
+    (most sublanes) that fits `budget` (VMEM_BUDGET), with chunks of the first of `chunk_sizes`
+    that fits (by default CHUNK rows or half as many: a grid step still walks a hundred rows and
+    more). `layout`: `choose_layout`'s, unless given. None when no row tile fits (systems too
+    long for a kernel that keeps all their rows: the caller runs XLA's loop)."""
+    layout = layout or choose_layout(P, Q)
     if layout == "lanes":
         s, w = min(SUBLANES, -(-Q // LANES)), LANES
     elif layout == "sublanes":
@@ -241,7 +243,7 @@ def geometry(P: int, N: int, Q: int, *, vmem_bytes, budget: int | None = None) -
     else:
         s, w = min(SUBLANES, -(-P // LANES)), LANES
     while s >= 1:
-        for chunk in (CHUNK, CHUNK // 2):
+        for chunk in chunk_sizes:
             chunks = 1 if N <= chunk else -(-N // chunk)
             g = Geometry(layout, P, N, Q, s, w, chunk, chunks)
             if vmem_bytes(g) <= (VMEM_BUDGET if budget is None else budget):
@@ -416,6 +418,15 @@ def joined(accesses):
     return accesses[0] if len(accesses) == 1 else SplitRows(*accesses)
 
 
+def split_dtype(dtype) -> tuple[int, jnp.dtype]:
+    """How a kernel holds values of `dtype`: (its parts, the dtype of each): complex64 as two
+    float32 parts, a real dtype as itself."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return 2, jnp.dtype(jnp.float32)
+    return 1, dtype
+
+
 def parts_of(x, complex_: bool):
     """The real arrays a kernel takes for `x`: its real and imaginary parts when the call is
     complex (a real `x` gets zeros), else `x` itself. A TPU stores a complex64 array as its two
@@ -423,6 +434,21 @@ def parts_of(x, complex_: bool):
     if not complex_:
         return (x,)
     return tuple(part(x).astype(jnp.float32) for part in (jnp.real, jnp.imag))
+
+
+def part_readers(g: Geometry, ops, groups, stages):
+    """The row access of each operand (`reader`), joined over its parts: `groups` holds each
+    operand's blocks (one per part); a staged one fills the next of `stages` (consumed)."""
+    readers = []
+    for op, refs in zip(ops, groups, strict=True):
+        accesses = []
+        for ref in refs:
+            stage = stages.pop(0) if op.kind == "rows" and op.staged else None
+            if stage is not None:
+                stage_in(g, ref, stage)
+            accesses.append(reader(g, op, ref, stage))
+        readers.append(joined(accesses))
+    return readers
 
 
 def stage_out_parts(g: Geometry, source, blocks):

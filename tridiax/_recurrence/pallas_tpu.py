@@ -78,16 +78,7 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out)
         put(state, get(h0_refs))
         put(previous, jnp.zeros(g.tile, jnp.float32))
 
-    readers = []
-    for op, refs_ in zip(ops, (a_refs, x_refs), strict=True):
-        accesses = []
-        for ref in refs_:
-            stage = stages.pop(0) if op.kind == "rows" and op.staged else None
-            if stage is not None:
-                _tpu.stage_in(g, ref, stage)
-            accesses.append(_tpu.reader(g, op, ref, stage))
-        readers.append(_tpu.joined(accesses))
-    a, x = readers
+    a, x = _tpu.part_readers(g, ops, (a_refs, x_refs), stages)
     if final_only:
         sink = None
     elif staged_out:
@@ -120,17 +111,16 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out)
 def _plan(P, T, Q, operands, out_dtype, final_only, budget=None):
     """The geometry of a recurrence (its VMEM need: no scratch but the state, so the widest
     row tile always fits). `operands`: the real arrays passed for a and x (their parts)."""
-    ph = 2 if jnp.issubdtype(out_dtype, jnp.complexfloating) else 1
-    out_itemsize = 4 if ph == 2 else out_dtype.itemsize
+    ph, out_part = _tpu.split_dtype(out_dtype)
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
         staged = sum(op.kind == "rows" and op.staged for op in ops)
-        staged += ph * (not final_only and _tpu.staged(g, jnp.float32 if ph == 2 else out_dtype))
+        staged += ph * (not final_only and _tpu.staged(g, out_part))
         tiles = [(_tpu.Operand("tile"), 4)] * ph  # h0
         return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands)] + tiles,
                               stages=staged, scratch_rows=2 * ph,
-                              outputs=[] if final_only else [out_itemsize] * ph)
+                              outputs=[] if final_only else [out_part.itemsize] * ph)
 
     return _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)
 
@@ -144,10 +134,10 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     P, T, Q = broadcast_shape(a, x, h0)
     out_dtype = jnp.dtype(out_dtype)
     _tpu.require_real(out_dtype, "recurrence")
-    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
+    ph, part_dtype = _tpu.split_dtype(out_dtype)
+    complex_ = ph == 2
     if complex_ and activation is not None:
         raise ValueError("the Pallas TPU recurrence runs complex recurrences without an activation")
-    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
     a_parts, x_parts = (_tpu.parts_of(v, complex_ and jnp.iscomplexobj(v)) for v in (a, x))
     h0_parts = _tpu.parts_of(h0, complex_)
     budget = _tpu.vmem()
@@ -155,7 +145,6 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     prepared = [[_tpu.prepare(g, v) for v in parts] for parts in (a_parts, x_parts)]
     ops = [pieces[0][1] for pieces in prepared]
     staged_out = not final_only and _tpu.staged(g, part_dtype)
-    ph = len(h0_parts)
 
     def chunk_of(k):
         return g.chunks - 1 - k if reverse else k
@@ -187,6 +176,6 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
                   interpret=interpret)
     if final_only:
         h = [_tpu.from_tiles(g, part) for part in h]
-        return (jax.lax.complex(*h) if complex_ else h[0].astype(out_dtype))
+        return jax.lax.complex(*h) if complex_ else h[0].astype(out_dtype)
     h = jax.lax.complex(*h) if complex_ else h[0]
     return h.reshape(P, T, Q)

@@ -204,18 +204,10 @@ class _Parts:
                 for n in range(0, len(refs), self.parts)]
 
     def readers(self, ops, refs, stages):
-        """The row access of each operand (its blocks `refs`; staged operands fill the next
-        of `stages`)."""
-        readers = []
-        for n, op in enumerate(ops):
-            accesses = []
-            for ref in refs[n * self.parts:(n + 1) * self.parts]:
-                stage = stages.pop(0) if op.kind == "rows" and op.staged else None
-                if stage is not None:
-                    _tpu.stage_in(self.g, ref, stage)
-                accesses.append(_tpu.reader(self.g, op, ref, stage))
-            readers.append(_tpu.joined(accesses))
-        return readers
+        """The row access of each operand (its blocks `refs`, `parts` each; staged operands
+        fill the next of `stages`)."""
+        groups = [refs[n:n + self.parts] for n in range(0, len(refs), self.parts)]
+        return _tpu.part_readers(self.g, ops, groups, stages)
 
     def rows_of(self, refs):
         """Row accesses of "rows" output blocks, straight into the blocks."""
@@ -443,9 +435,8 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
     operands are read once and x written once, as by the one-launch kernel; the work values
     cost four more passes over a float32 array."""
     P, N, Q = broadcast_shape(l, d, u, b)
-    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
-    parts = 2 if complex_ else 1
-    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
+    parts, part_dtype = _tpu.split_dtype(out_dtype)
+    complex_ = parts == 2
     operands = [part for v in (l, d, u, b) for part in _tpu.parts_of(v, complex_)]
     rows = _tpu.Operand("rows")
 
@@ -505,19 +496,17 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
 def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
     """The geometry of a solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`); complex
     calls hold two float32 parts of every operand, output and scratch."""
-    parts = 2 if jnp.issubdtype(out_dtype, jnp.complexfloating) else 1
+    parts, out_part = _tpu.split_dtype(out_dtype)
+    # the dtype of each operand's parts (float32 in a complex call)
+    dtypes = [out_part if parts == 2 else jnp.dtype(v.dtype) for v in operands]
 
     def need(g):
-        ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
-        itemsize = [4 if parts == 2 else v.dtype.itemsize for v in operands]
-        staged = parts * sum(op.kind == "rows" and _tpu.staged(g, jnp.float32 if parts == 2
-                                                                else v.dtype)
-                             for op, v in zip(ops, operands, strict=True))
-        sizes = [(op, n) for op, n in zip(ops, itemsize, strict=True)] * parts
-        out = 4 if parts == 2 else jnp.dtype(out_dtype).itemsize
+        ops = [_tpu.operand(g, v.shape, dtype) for v, dtype in zip(operands, dtypes, strict=True)]
+        staged = parts * sum(op.kind == "rows" and op.staged for op in ops)
+        sizes = [(op, dtype.itemsize) for op, dtype in zip(ops, dtypes, strict=True)] * parts
         return _tpu.vmem_need(g, sizes, stages=staged,
                               scratch_rows=parts * (_WORK[kind] * g.total_rows + _carry_tiles(kind)),
-                              outputs=[out] * parts)
+                              outputs=[out_part.itemsize] * parts)
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
@@ -567,9 +556,8 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
                                budget=budget, interpret=interpret)
     if g is None:
         return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
-    complex_ = jnp.issubdtype(out_dtype, jnp.complexfloating)
-    parts = 2 if complex_ else 1
-    part_dtype = jnp.dtype(jnp.float32) if complex_ else out_dtype
+    parts, part_dtype = _tpu.split_dtype(out_dtype)
+    complex_ = parts == 2
     prepared = [[_tpu.prepare(g, part) for part in _tpu.parts_of(v, complex_)]
                 for v in (l, d, u, b)]
     ops = [pieces[0][1] for pieces in prepared]
