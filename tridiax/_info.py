@@ -145,7 +145,7 @@ def _report() -> str:
         lines += _backend_table(platform)
         if platform == "tpu":
             lines.append("  bfloat16 and float16 run the Pallas TPU kernels too (eliminated in float32); "
-                         "complex64 too (as float32 parts) but for banded solves and IndRNN activations; "
+                         "complex64 too (as float32 parts) but for IndRNN activations; "
                          "float64, complex128 and blocks larger than "
                          f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT} run XLA's loops")
         if platform == "cuda":

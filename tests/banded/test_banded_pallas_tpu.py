@@ -2,7 +2,7 @@
 semantics on CPU, VMEM starting as NaNs).
 
 `TestPallasTpuInterpret` runs the banded kernel contract (banded_contract.py) on it in
-float32 and half precision (the TPU kernels' dtypes), against scipy.linalg.solve_banded and the
+float32, half precision and complex64 (the TPU kernels' dtypes), against scipy.linalg.solve_banded and the
 XLA formulation it follows step for step: every bandwidth, kind and orientation, short systems,
 every broadcast of the bands in every layout of the kernel (`_pallas/tpu.py`), and systems of
 several chunks, whose steps read the previous chunk's rows from the halo (the bands in
@@ -44,18 +44,31 @@ class TestPallasTpuInterpret(BandedKernelContract):
     LAYOUTS = [(2, 1, "banded_pivoted", True, (13, 300, 5), np.float32),
                (1, 2, "banded", False, (2, 40, 1030), np.float32),
                (3, 1, "banded_hermitian", True, (129, 40, 1), np.float32)]
-    TWIN_LAYOUTS = LAYOUTS[:1]
+    # and complex64 as float32 parts, two chunks: the halo of staged bands and of SMEM
+    # scalars, each part's
+    TWIN_LAYOUTS = LAYOUTS[:1] + [(2, 1, "banded_pivoted", False, (9, 300, 3), np.complex64)]
     TWIN_BROADCASTS = ("1N1", "PN1")
     # Half precision, with "lanes" of two chunks, and a wide band (8, 8).
     DTYPES = [(2, 2, "banded_pivoted", True, (1, 300, 1030), jnp.bfloat16),
               (1, 1, "banded", False, (3, 33, 19), np.float16),
-              (8, 8, "banded_pivoted", False, (3, 40, 19), np.float32)]
-    TWIN_DTYPES = DTYPES[:1]
+              (8, 8, "banded_pivoted", False, (3, 40, 19), np.float32),
+              (1, 3, "banded_pivoted", True, (1, 40, 1030), np.complex64),
+              (2, 2, "banded_hermitian", False, (130, 33, 1), np.complex64),
+              (0, 2, "banded", True, (3, 7, 19), np.complex64)]
+    TWIN_DTYPES = DTYPES[:1] + DTYPES[3:4]
     INDEFINITE = [(l, t, (3, 33, 19), np.float32) for l in (0, 2) for t in (False, True)]
     ZERO_SIZES = [(0, 7, 5), (3, 7, 0)]
 
-    test_real_bands_with_complex_rhs = None  # no complex type on a TPU
-    test_nan_in_the_pivot_column_spoils_its_system_alone = None  # its column holds 1j
+    test_nan_in_the_pivot_column_spoils_its_system_alone = None  # complex128
+
+    def test_real_bands_with_complex_rhs(self):
+        """Real bands, a complex64 right-hand side: the bands are read as one part."""
+        l, u, kind = 1, 2, "banded_pivoted"
+        ab, _, clean = problem(l, u, kind, (2, 7, 19), dtype=np.float32, seed=6)
+        _, b, _ = problem(l, u, kind, (2, 7, 19), dtype=np.complex64, seed=8)
+        got = self.solve(ab, b, l=l, u=u, kind=kind, transposed=True)
+        assert got.dtype == np.complex64
+        check(got, clean, b, l, u, True)
 
     def solve(self, ab, b, **options):
         return tpu_solve(ab, b, **options)
@@ -94,3 +107,34 @@ def test_invalid():
         _tpu_banded.solve_pnq(jnp.ones((3, 1, 5, 1)), jnp.ones((1, 5, 1)), **{**options, "kind": "lu"})
     with pytest.raises(ValueError, match="ab must be"):
         _tpu_banded.solve_pnq(jnp.ones((2, 1, 5, 1)), jnp.ones((1, 5, 1)), **options)
+
+
+@pytest.mark.parametrize("stored", ["upper", "lower"])
+@pytest.mark.parametrize("u, shape, ab_shape, transposed, dtype", [
+    (2, (13, 300, 5), None, True, np.float32),        # sublanes, two chunks: mirrored reads from the halo
+    (1, (2, 40, 1030), (1, 40, 1), False, np.float32),  # lanes, one matrix for every system: SMEM scalars
+    (3, (129, 40, 1), (129, 1, 1), True, np.float32),   # transposed, bands constant along N: tiles
+    (2, (3, 2, 19), None, False, np.float32),          # shorter than the band
+    (2, (3, 33, 19), None, True, np.complex64),        # conjugated mirror images, a real diagonal
+    (1, (2, 40, 1030), (1, 40, 1), False, np.complex64),
+])
+def test_hermitian_matrix_given_as_one_triangle(stored, u, shape, ab_shape, transposed, dtype):
+    """solveh_banded's layout (`stored`): the u + 1 bands of one triangle, the other
+    triangle's entries read as the conjugates of their mirror images in the kernel and the
+    diagonal's imaginary part ignored, against scipy on the whole matrix, for every way the
+    bands reach the kernel."""
+    ab, b, clean = problem(u, u, "banded_hermitian", shape, ab_shape, dtype=dtype, seed=5)
+    if np.iscomplexobj(ab):  # what a Hermitian matrix's diagonal holds beside its real part is unread
+        ab[u] += 1j * np.random.default_rng(6).uniform(-1, 1, ab[u].shape).astype(np.float32)
+    triangle = ab[:u + 1] if stored == "upper" else ab[u:]
+    x = tpu_solve(triangle, b, l=u, u=u, kind="banded_hermitian", transposed=transposed, stored=stored)
+    check(x, clean, b, u, u, transposed)
+
+
+def test_a_stored_triangle_is_a_hermitian_matrix():
+    options = dict(l=1, u=1, transposed=False, out_dtype=np.float32)
+    with pytest.raises(ValueError, match="Hermitian"):
+        _tpu_banded.solve_pnq(jnp.ones((2, 1, 5, 1)), jnp.ones((1, 5, 1)), kind="banded", stored="upper", **options)
+    with pytest.raises(ValueError, match="ab must be"):
+        _tpu_banded.solve_pnq(jnp.ones((3, 1, 5, 1)), jnp.ones((1, 5, 1)), kind="banded_hermitian",
+                              stored="lower", **options)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.linalg
 from helpers import dense_solve
 
 import tridiax
@@ -41,9 +42,8 @@ def test_tpus_prefer_the_pallas_kernels_and_say_why_not():
     assert "without an activation" in _backend.unavailable("pallas_tpu", jnp.complex64, platform="tpu",
                                                            op="recurrence", activation=jnp.tanh)
     assert _backend.default_block_backend("tpu", jnp.complex64, 3) == "pallas_tpu"
-    # complex64 as float32 parts: every kernel but the banded one
-    assert _backend.default_backend("tpu", jnp.complex64, op="banded") == "xla"
-    assert "complex64" in _backend.unavailable("pallas_tpu", jnp.complex64, platform="tpu", op="banded")
+    # complex64 as float32 parts, in every kernel
+    assert _backend.default_backend("tpu", jnp.complex64, op="banded") == "pallas_tpu"
     assert _backend.default_backend("tpu", jnp.float32, op="recurrence",
                                     activation=jax.nn.relu) == "pallas_tpu"
     assert _backend.default_backend("tpu", jnp.float32, op="recurrence",
@@ -185,6 +185,59 @@ def test_banded_solves_and_their_gradients_along_every_axis(pivoting, axis):
     reference = jax.grad(loss("xla"), argnums=(0, 1))(ab, b)
     for g, w in zip(got, reference, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("lower", [False, True], ids=["upper", "lower"])
+def test_hermitian_banded_solves_and_their_gradients_along_every_axis(lower, axis):
+    """solveh_banded through the TPU kernel, which reads the other triangle's entries from the
+    stored one: against scipy.linalg.solveh_banded (float64) and XLA's loop, and the gradient
+    w.r.t. the stored bands (each off-diagonal entry standing for two of A) equal to the
+    loop's, whose bands XLA mirrors."""
+    rng = np.random.default_rng(11)
+    shape, u = (5, 40, 6), 2
+    ab = rng.uniform(-1, 1, (u + 1, *shape)).astype(np.float32)
+    ab[0 if lower else u] = 4 * u + 1 + np.abs(ab[0 if lower else u])  # diagonally dominant
+    b = rng.uniform(-1, 1, shape).astype(np.float32)
+    want = np.stack([np.stack([scipy.linalg.solveh_banded(ab[:, p, :, q].astype(np.float64), b[p, :, q],
+                                                          lower=lower) for q in range(shape[2])], axis=-1)
+                     for p in range(shape[0])])
+    ab, b = jnp.asarray(np.moveaxis(ab, 2, axis % 3 + 1)), jnp.asarray(np.moveaxis(b, 1, axis))
+    want = np.moveaxis(want, 1, axis)
+
+    def solveh(backend):
+        return lambda ab, b: banded_solve(None, ab, b, axis=axis, hermitian="lower" if lower else "upper",
+                                          backend=backend)
+
+    np.testing.assert_allclose(solveh(BACKEND)(ab, b), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    got, reference = (jax.grad(lambda ab, b: jnp.sum(jnp.sin(solveh(backend)(ab, b))), argnums=(0, 1))(ab, b)
+                      for backend in (BACKEND, "xla"))
+    for g, w in zip(got, reference, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("hermitian", [None, "upper", "lower"])
+def test_complex_banded_solves_and_their_gradients(hermitian):
+    """Complex64 banded solves through the TPU kernel (as float32 parts): solve_banded with
+    pivoting, and solveh_banded, whose kernel conjugates the mirrored triangle; against scipy
+    and XLA's loop, with gradients."""
+    rng = np.random.default_rng(12)
+    shape, (l, u) = (3, 30, 5), (2, 2)
+    bands = 3 if hermitian else l + u + 1
+    ab = (rng.uniform(-1, 1, (bands, *shape)) + 1j * rng.uniform(-1, 1, (bands, *shape))).astype(np.complex64)
+    if hermitian:
+        ab[0 if hermitian == "lower" else 2] += 8
+    b = (rng.uniform(-1, 1, shape) + 1j * rng.uniform(-1, 1, shape)).astype(np.complex64)
+    if hermitian:
+        exact = np.stack([np.stack([scipy.linalg.solveh_banded(ab[:, p, :, q].astype(np.complex128), b[p, :, q],
+                                                               lower=hermitian == "lower")
+                                    for q in range(shape[2])], axis=-1) for p in range(shape[0])])
+    else:
+        exact = verify.reference_solve_banded((l, u), ab.astype(np.complex128), b.astype(np.complex128), axis=1)
+    weights = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+    _like_xla(lambda backend: functools.partial(banded_solve, None if hermitian else (l, u), axis=1,
+                                                pivoting=not hermitian, hermitian=hermitian, backend=backend),
+              (jnp.asarray(ab), jnp.asarray(b)), exact, weights)
 
 
 def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem():
@@ -426,8 +479,8 @@ def test_every_block_moves_once(shape, monkeypatch):
 
 def test_info_says_what_a_tpu_would_run():
     """`python -m tridiax --info` on a machine without a TPU shows the TPU's backend table too:
-    the Pallas TPU kernels for real 32-bit and half precision (and complex64 but for banded
-    solves), XLA's loops for float64, complex128 and blocks larger than 8 x 8."""
+    the Pallas TPU kernels for real 32-bit and half precision and complex64, XLA's loops for
+    float64, complex128 and blocks larger than 8 x 8."""
     from tridiax import _info
 
     text = _info.report()
@@ -436,7 +489,7 @@ def test_info_says_what_a_tpu_would_run():
     assert rows["solve_tridiagonal (every kind)"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
     assert rows["linear_recurrence"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
     assert rows["indrnn (tanh)"] == ["pallas_tpu", "xla", "xla", "xla"]
-    assert rows["solve_banded"] == ["pallas_tpu", "xla", "xla", "xla"]
+    assert rows["solve_banded"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
     assert rows["solve_block_tridiagonal k=2"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
     assert rows["solve_block_tridiagonal k=8"] == ["pallas_tpu", "xla", "pallas_tpu", "xla"]
     assert rows["indrnn (your activation)"] == ["xla"] * 4

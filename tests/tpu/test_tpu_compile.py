@@ -126,8 +126,13 @@ ENTRY_POINTS = {
                           [((4096, 1024), "float32")] * 4, 2, False),
     "factor-f32": (lambda *a: _factors(tridiax.TDMA().factor(tridiax.Tridiagonal(*a, axis=0))),
                    [((1000, 4096), "float32")] * 3, 1, True),
-    "factored-solve-f32": (lambda *a: tridiax.TDMA().factor(tridiax.Tridiagonal(*a[:3], axis=0)).solve(a[3]),
-                           [((1000, 4096), "float32")] * 4, 2, False),
+    # factoring and solving in one program; then a solve with given factors, the operation a
+    # factorization is for (the bands a factorization keeps for derivatives are unread here:
+    # the factors stand in for them, so the floor counts each array once)
+    "factor-and-solve-f32": (lambda *a: tridiax.TDMA().factor(tridiax.Tridiagonal(*a[:3], axis=0)).solve(a[3]),
+                             [((1000, 4096), "float32")] * 4, 2, False),
+    "factored-solve-f32": (lambda l, m, c, d: tridiax.TridiagonalFactorization(
+        l, m, c, l, m, c, None, None, axis=0, band_shape=l.shape).solve(d), [((1000, 4096), "float32")] * 4, 1, True),
     "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, False),
     # banded solves: the bands in scipy's layout, one kernel reading each band once
     "banded-pivoted-f32": (lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0),
@@ -141,10 +146,19 @@ ENTRY_POINTS = {
                                [((3, 8, 1000, 512), "float32"), ((8, 1000, 512), "float32")], 1, True),
     "grad-banded-f32": (_grad(lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0), (0, 1)),
                         [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, False),
-    # solveh_banded: XLA builds the mirrored bands (l + u + 1 of them) from the stored
-    # triangle before the kernel, so the program moves more than the floor
+    # solveh_banded: the kernel reads the other triangle's entries from the stored one
     "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
-                          [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, False),
+                          [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, True),
+    "solveh-banded-lower-batch-first-bf16": (lambda ab, b: tridiax.solveh_banded(ab, b, lower=True, axis=-1),
+                                             [((3, 4096, 1000), "bfloat16"), ((4096, 1000), "bfloat16")],
+                                             1, True),
+    "grad-solveh-banded-f32": (_grad(lambda ab, b: tridiax.solveh_banded(ab, b, axis=0), (0, 1)),
+                               [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, False),
+    "banded-complex64": (lambda ab, b: tridiax.solve_banded((1, 2), ab, b, axis=0),
+                         [((4, 1000, 4096), "complex64"), ((1000, 4096), "complex64")], 1, True),
+    "solveh-banded-lower-complex64-middle-axis": (lambda ab, b: tridiax.solveh_banded(ab, b, lower=True, axis=1),
+                                                  [((2, 8, 1000, 512), "complex64"),
+                                                   ((8, 1000, 512), "complex64")], 1, True),
     # complex64: the float32 real and imaginary planes a TPU stores, taken apart for free
     "solve-complex64": (_solve(0), [((1000, 4096), "complex64")] * 4, 1, True),
     "solve-periodic-pivoted-complex64-middle-axis": (

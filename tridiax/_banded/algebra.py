@@ -1,5 +1,6 @@
 """The banded matrix in scipy's layout as an operator: which entries of `ab` lie inside the
-matrix, A x along an axis, the absolute row sums, and `check=True`'s count of failed systems."""
+matrix, A x along an axis, the absolute row sums, `check=True`'s count of failed systems, and
+all the bands of a Hermitian matrix stored as one triangle (solveh_banded's layout)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,27 @@ def count_failures(x: Array, ab: Array, rhs: Array, *, l: int, u: int, axis: int
     residual = rhs - matvec(ab, x, l=l, u=u, axis=axis)
     return count_failed(x, rhs, residual, row_sums(ab, x.shape, l=l, u=u, axis=axis),
                   axis=axis)
+
+
+def hermitian_bands(ab: Array, *, lower: bool, axis: int, n: int) -> Array:
+    """The (2u + 1)-band general layout of the Hermitian matrix whose upper (or lower)
+    triangle `ab` holds in scipy's solveh_banded layout ((u + 1, ...), rows along `axis`)."""
+    u = ab.shape[0] - 1
+    rows = [broadcast_along(ab[k], axis - 1, n) for k in range(u + 1)]
+    diagonal = rows[0 if lower else u]
+    if jnp.iscomplexobj(diagonal):
+        diagonal = diagonal.real.astype(ab.dtype)
+    # Offset s = i - j of A[i, j]; the stored triangle holds s <= 0 (upper) or s >= 0 (lower).
+    full = []
+    for s in range(-u, u + 1):
+        if s == 0:
+            full.append(diagonal)
+        elif (s < 0) != lower:  # stored: upper ab[u + s, j], lower ab[s, j]
+            full.append(rows[s] if lower else rows[u + s])
+        else:  # the conjugate of the stored A[j, i] = A[j, j - s], |s| away along the axis
+            t = abs(s)
+            stored = rows[t] if lower else rows[u - t]
+            shifted = shift(stored, -t if not lower else t, axis - 1) if t < n else \
+                jnp.zeros_like(stored)
+            full.append(jnp.conj(shifted))
+    return jnp.stack(full)

@@ -14,7 +14,6 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from .._core import along_axis as _along
 from .._core import backend as _backend
 from .._core.check import BreakdownMessages, messages_for, run_checked
 from .._core.inputs import Plan, plan_of, read, x64_enabled
@@ -202,35 +201,13 @@ def _compute(call: _BandedCall, ab, b):
     ab = ab.reshape((ab.shape[0],) + call.band_shape)
     b = jnp.asarray(b).astype(p.dtype)
     b = b.reshape((1,) * (p.ndim - b.ndim) + b.shape)
-    if call.hermitian is not None:
-        ab = hermitian_bands(ab, lower=call.hermitian == "lower", axis=p.axis + 1,
-                             n=p.shape[p.axis])
+    # A Hermitian matrix is passed as its stored triangle: the kernels that can read the
+    # mirrored entries from it do, the others form all the bands first.
     x = banded_solve_p.bind(ab, b, l=call.l, u=call.u, axis=p.axis, transposed=False,
-                            backend=call.backend, kind=call.kind)
+                            backend=call.backend, kind=call.kind, stored=call.hermitian)
     if not call.check:
         return x
+    if call.hermitian is not None:
+        ab = algebra.hermitian_bands(ab, lower=call.hermitian == "lower", axis=p.axis + 1,
+                                     n=p.shape[p.axis])
     return x, algebra.count_failures(x, ab, b, l=call.l, u=call.u, axis=p.axis)
-
-
-def hermitian_bands(ab: Array, *, lower: bool, axis: int, n: int) -> Array:
-    """The (2u + 1)-band general layout of the Hermitian matrix whose upper (or lower)
-    triangle `ab` holds in scipy's solveh_banded layout ((u + 1, ...), rows along `axis`)."""
-    u = ab.shape[0] - 1
-    rows = [_along.broadcast_along(ab[k], axis - 1, n) for k in range(u + 1)]
-    diagonal = rows[0 if lower else u]
-    if jnp.iscomplexobj(diagonal):
-        diagonal = diagonal.real.astype(ab.dtype)
-    # Offset s = i - j of A[i, j]; the stored triangle holds s <= 0 (upper) or s >= 0 (lower).
-    full = []
-    for s in range(-u, u + 1):
-        if s == 0:
-            full.append(diagonal)
-        elif (s < 0) != lower:  # stored: upper ab[u + s, j], lower ab[s, j]
-            full.append(rows[s] if lower else rows[u + s])
-        else:  # the conjugate of the stored A[j, i] = A[j, j - s], |s| away along the axis
-            t = abs(s)
-            stored = rows[t] if lower else rows[u - t]
-            shifted = _along.shift(stored, -t if not lower else t, axis - 1) if t < n else \
-                jnp.zeros_like(stored)
-            full.append(jnp.conj(shifted))
-    return jnp.stack(full)

@@ -15,6 +15,15 @@ read once and x written once. `ab`'s blocks hold every band; the bands are read 
 tridiagonal kernel's operands, so bands shared by every system are read as SMEM scalars and
 bands constant along N as one tile each.
 
+A Hermitian matrix may come as the u + 1 bands of one triangle (`stored`, solveh_banded's
+layout): an entry of the other triangle is read as the conjugate of its mirror image, in the
+column of its row rather than its own, and the diagonal as its real part, so XLA never forms
+the mirrored bands.
+
+Complex64 runs as float32 real and imaginary parts (`_pallas/tpu.py`, `parts_of`): every band,
+b, U's rows, y and x in two planes each, the window's tiles `SplitComplex` (`window.py` takes
+them), the carried window stored part after part.
+
 Row j + lo reads `ab` at columns up to j + lo + up (scipy's layout stores A's column c in
 ab[:, c]), D = lo + up rows past step j. So the steps lag the chunks: the grid step of chunk c
 runs steps c*C - D ... (c+1)*C - D - 1 (the last one, all that remain), and the rows a step
@@ -35,7 +44,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from .._core.split_complex import SplitComplex, as_split, select
 from .._pallas import tpu as _tpu
+from . import algebra
 from . import window as _window
 from . import xla as _xla
 
@@ -70,7 +81,7 @@ def _prepare_bands(g: _tpu.Geometry, ab, op: _tpu.Operand):
 
 class _HaloScalars:
     """A band shared by every system (SMEM scalars) whose rows before the chunk (down to -H)
-    come from an SMEM halo."""
+    come from an SMEM halo (row `band` of `halo`)."""
 
     def __init__(self, g, block, halo, band: int, H: int):
         self.g, self.block, self.halo, self.band, self.H = g, block, halo, band, H
@@ -97,20 +108,41 @@ def _keep_tail(g: _tpu.Geometry, stage, H: int) -> None:
         stage[0:H, :] = stage[C:C + H, :]
 
 
-def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direct_out, H):
-    band_refs = [ab_ref.at[n] for n in range(K)]
+def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, H):
+    """Refs: the stacked bands, b's block and x's (the parts of each: `parts` of ab, b and x),
+    U's kept rows and y (the parts of each), the carry, the bands' and b's stages (each part's)
+    and the SMEM halo of a band of scalars."""
+    pa, pb, px = parts
+    refs = list(refs)
+
+    def take(count):
+        taken = refs[:count]
+        del refs[:count]
+        return taken
+
+    ab_refs, b_refs, x_refs = take(pa), take(pb), take(px)
+    u_refs = [take(px) for _ in range(_window.kept_columns(l, u, kind, transposed))]
+    y_refs, (carry_ref,) = take(px), take(1)
+    band_stages = [take(pa) for _ in range(K if op.kind == "rows" else 0)]
+    b_stages = take(pb)
+    halo_ref = refs[0] if op.kind == "scalar" and H else None
     lo, up = (u, l) if transposed else (l, u)
     width = lo + up + 1
     D = lo + up
     pivoting, hermitian = kind == "banded_pivoted", kind == "banded_hermitian"
-    kept = _window.kept_columns(l, u, kind, transposed)
-    u_refs, (y_ref, carry_ref, *refs) = refs[:kept], refs[kept:]
-    staged_bands = K if op.kind == "rows" else 0
-    band_stages, (b_stage, *refs) = refs[:staged_bands], refs[staged_bands:]
-    halo_ref = refs[0] if op.kind == "scalar" and H else None
+    kept = len(u_refs)
     C = g.chunks
     k = pl.program_id(2)
     zero = jnp.zeros(g.tile, jnp.float32)
+    carried = _carry_tiles(l, u, kind, transposed)
+
+    def keep(n: int, value):  # the carry's tile n, part after part
+        for part, plane in enumerate(_planes(value, px)):
+            carry_ref[n + part * carried] = plane
+
+    def kept_value(n: int):
+        planes = [carry_ref[n + part * carried] for part in range(px)]
+        return planes[0] if px == 1 else SplitComplex(*planes)
 
     def row_length(r: int) -> int:
         # Columns of window row r that can be nonzero: all of them once rows are interchanged;
@@ -135,29 +167,39 @@ def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direc
         j = k
         start = j * g.chunk  # the global row of the chunk's local row 0
         if op.kind == "rows":
-            for ref, stage in zip(band_refs, band_stages, strict=True):
-                _tpu.stage_in(g, ref, stage, offset=H)
-            bands = [_tpu.RowRef(g, stage, H + g.rows, H) for stage in band_stages]
+            for n, stages in enumerate(band_stages):
+                for ref, stage in zip(ab_refs, stages, strict=True):
+                    _tpu.stage_in(g, ref.at[n], stage, offset=H)
+            bands = [_tpu.joined([_tpu.RowRef(g, stage, H + g.rows, H) for stage in stages])
+                     for stages in band_stages]
         elif op.kind == "scalar":
-            bands = [_HaloScalars(g, ref, halo_ref, n, H) for n, ref in enumerate(band_refs)]
+            bands = [_tpu.joined([_HaloScalars(g, ref.at[n], halo_ref, n + part * K, H)
+                                  for part, ref in enumerate(ab_refs)]) for n in range(K)]
         else:
-            bands = [_tpu.TileRef(ref) for ref in band_refs]
-        _tpu.stage_in(g, b_ref, b_stage, offset=H)
-        rhs_rows = _tpu.RowRef(g, b_stage, H + g.rows, H)
-        u_rows = [_tpu.RowRef(g, ref, g.total_rows) for ref in u_refs]
-        y_rows = _tpu.RowRef(g, y_ref, g.total_rows)
+            bands = [_tpu.joined([_tpu.TileRef(ref.at[n]) for ref in ab_refs]) for n in range(K)]
+        for ref, stage in zip(b_refs, b_stages, strict=True):
+            _tpu.stage_in(g, ref, stage, offset=H)
+        rhs_rows = _tpu.joined([_tpu.RowRef(g, stage, H + g.rows, H) for stage in b_stages])
+        u_rows = [_rows(g, refs_, g.total_rows) for refs_ in u_refs]
+        y_rows = _rows(g, y_refs, g.total_rows)
 
         def local(i):  # a global row as a row of the chunk's stages, kept inside them
             return jnp.clip(i - start, -H, g.rows - 1)
 
         def entry(i, d: int):
             """A[i, i + d] of the matrix solved, 0 outside it (i >= 0)."""
-            band, column = (u + d, i) if transposed else (u - d, i + d)
+            band, column, mirrored = _band_and_column(i, d, u, transposed, stored)
+            value = bands[band].load(local(column))
+            if isinstance(value, SplitComplex) and stored is not None:
+                if mirrored:  # the Hermitian mirror image: its conjugate
+                    value = SplitComplex(value.re, -value.im)
+                elif d == 0:  # a Hermitian matrix's diagonal is real (its imaginary part unread)
+                    value = value.re
             valid = (i < g.N) & (i + d >= 0) & (i + d < g.N)
-            return jnp.where(valid, bands[band].load(local(column)), 0.0)
+            return select(valid, value, zero)
 
         def rhs(i):
-            return jnp.where(i < g.N, rhs_rows.load(local(i)), 0.0)
+            return select(i < g.N, rhs_rows.load(local(i)), zero)
 
         def load_row(i, shift: int, length: int):
             """Row i at columns i - shift .. i - shift + length - 1."""
@@ -167,7 +209,7 @@ def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direc
         def _():
             window = [load_row(r, r, row_length(r)) for r in range(lo)]
             for n, value in enumerate(flatten(window, [rhs(r) for r in range(lo)])):
-                carry_ref[n] = value
+                keep(n, value)
 
         def step(s, flat):
             window, values = unflatten(flat)
@@ -181,31 +223,32 @@ def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direc
             return flatten(rest, rest_values)
 
         def run(first, count):
-            flat = tuple(carry_ref[n] for n in range(sum(lengths) + lo))
-            flat = _tpu.loop(count, lambda t, c: step(first + t, c), flat)
+            flat = tuple(kept_value(n) for n in range(sum(lengths) + lo))
+            flat = _tpu.loop(count, lambda t, c: _splits(step(first + t, c), px), flat)
             for n, value in enumerate(flat):
-                carry_ref[n] = value
+                keep(n, value)
 
         _over_steps(g, j, D, run)
         if H:
-            for stage in [*band_stages, b_stage]:
+            for stage in [*(s for stages in band_stages for s in stages), *b_stages]:
                 _keep_tail(g, stage, H)
             if halo_ref is not None:
                 for band in bands:
-                    band.keep_tail()
+                    for part in (band.re, band.im) if isinstance(band, _tpu.SplitRows) else (band,):
+                        part.keep_tail()
 
     @pl.when(k >= C)
     def _():
         j = 2 * C - 1 - k
         offset = _tpu.aligned(j * g.rows)
-        u_rows = [_tpu.RowRef(g, ref, g.total_rows, offset) for ref in u_refs]
-        y_rows = _tpu.RowRef(g, y_ref, g.total_rows, offset)
-        out = _tpu.RowRef(g, x_ref.at[0], g.rows) if direct_out else y_rows
+        u_rows = [_rows(g, refs_, g.total_rows, offset) for refs_ in u_refs]
+        y_rows = _rows(g, y_refs, g.total_rows, offset)
+        out = _tpu.joined([_tpu.RowRef(g, ref.at[0], g.rows) for ref in x_refs]) if direct_out else y_rows
 
         @pl.when(k == C)
         def _():
             for n in range(kept - 1):
-                carry_ref[n] = zero
+                keep(n, zero)
 
         def run(count):
             def row(i, below):  # below[c] = x[i + 1 + c]
@@ -219,14 +262,45 @@ def _kernel(ab_ref, b_ref, x_ref, *refs, g, op, K, l, u, kind, transposed, direc
                 out.store(i, x)
                 return (x, *below)[: kept - 1]
 
-            below = tuple(carry_ref[n] for n in range(kept - 1))
-            below = _tpu.loop(count, row, below, reverse=True)
+            below = tuple(kept_value(n) for n in range(kept - 1))
+            below = _tpu.loop(count, lambda i, c: _splits(row(i, c), px), below, reverse=True)
             for n, value in enumerate(below):
-                carry_ref[n] = value
+                keep(n, value)
 
         _tpu.over_rows(g, j, run)
         if not direct_out:
-            _tpu.stage_out(g, y_rows, x_ref)
+            _tpu.stage_out_parts(g, y_rows, x_refs)
+
+
+def _rows(g: _tpu.Geometry, refs, rows: int, offset=0):
+    """A scratch's rows, joined over its parts."""
+    return _tpu.joined([_tpu.RowRef(g, ref, rows, offset) for ref in refs])
+
+
+def _planes(value, parts: int):
+    """A tile as `parts` float32 planes (a real tile of a complex solve: zero imaginary part)."""
+    if parts == 1:
+        return (value,)
+    value = as_split(value)
+    return value.re, value.im
+
+
+def _splits(carry, parts: int):
+    """A loop's carried tiles, each a `SplitComplex` in a complex solve (the loop's carry must
+    keep one structure, so real tiles are promoted)."""
+    return carry if parts == 1 else tuple(as_split(v) for v in carry)
+
+
+def _band_and_column(i, d: int, u: int, transposed: bool, stored):
+    """Where M[i, i + d] lies in `ab` (M = A, or A^T when `transposed`): its band and column,
+    and whether that is the mirror image (A[row, col] = conj(A[col, row])) in the stored
+    triangle of a Hermitian `stored` matrix."""
+    row, col, offset = (i + d, i, -d) if transposed else (i, i + d, d)  # A[row, col], col - row
+    if stored == "upper" and offset < 0:  # mirrored into the upper triangle
+        return u + offset, row, True
+    if stored == "lower":  # ab[r - c, c] = A[r, c] for r >= c
+        return (-offset, col, False) if offset <= 0 else (offset, row, True)
+    return u - offset, col, False
 
 
 def _over_steps(g: _tpu.Geometry, j, D: int, fn) -> None:
@@ -260,21 +334,25 @@ def _carry_tiles(l: int, u: int, kind: str, transposed: bool) -> int:
 
 
 def _plan(P, N, Q, ab, b, out_dtype, *, l, u, kind, transposed, budget=None):
-    """The geometry of a banded solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`)."""
-    K = l + u + 1
+    """The geometry of a banded solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`).
+    `ab` and `b` may be complex: each counts as its parts."""
+    K = ab.shape[0]
+    px, part = _tpu.split_dtype(out_dtype)
+    pa, pb = (_tpu.split_dtype(v.dtype)[0] if px == 2 else 1 for v in (ab, b))
+    ab_part, b_part = (_tpu.split_dtype(v.dtype)[1] for v in (ab, b))
     kept = _window.kept_columns(l, u, kind, transposed)
     carry = _carry_tiles(l, u, kind, transposed)
 
     def need(g):
         if g.chunks > 1 and l + u >= g.chunk:
             return float("inf")  # the lag must stay within one chunk
-        op = _band_operand(g, ab.shape[1:], ab.dtype)
+        op = _band_operand(g, ab.shape[1:], ab_part)
         b_op = _tpu.Operand("rows", staged=True)
-        stages = (K if op.kind == "rows" else 0) + 1
+        stages = (K * pa if op.kind == "rows" else 0) + pb
         H = _halo(g, l, u)
-        total = _tpu.vmem_need(g, [(op, ab.dtype.itemsize)] * K + [(b_op, b.dtype.itemsize)],
-                               stages=0, scratch_rows=(kept + 1) * g.total_rows + carry,
-                               outputs=[jnp.dtype(out_dtype).itemsize])
+        total = _tpu.vmem_need(g, [(op, ab_part.itemsize)] * (K * pa) + [(b_op, b_part.itemsize)] * pb,
+                               stages=0, scratch_rows=px * ((kept + 1) * g.total_rows + carry),
+                               outputs=[part.itemsize] * px)
         return total + stages * (H + g.rows) * g.row_tile_bytes()
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
@@ -289,30 +367,38 @@ def fits(ab_shape, P: int, N: int, Q: int, dtype, *, l: int, u: int, kind: str,
                  budget=budget) is not None
 
 
-def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, interpret=None):
+def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, stored=None,
+              interpret=None):
     """Solve A x = b (A^T x = b when `transposed`) for every system along axis 1, with the
     semantics of `_xla_banded.solve_pnq`: `ab` (l + u + 1, P|1, N|1, Q|1) bands in scipy's
-    layout along axis 2, `b` (P, N, Q). Returns x, (P, N, Q) of `out_dtype`. `interpret`:
-    Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU. Systems too
-    long for VMEM (`fits`) are solved by XLA's loop."""
-    _xla.check_operands(ab, b, l=l, u=u, kind=kind)
-    K = l + u + 1
+    layout along axis 2 (or, `stored` "upper"/"lower", the u + 1 bands of one triangle of a
+    Hermitian matrix in solveh_banded's layout, l = u), `b` (P, N, Q). Returns x, (P, N, Q) of
+    `out_dtype`; complex64 runs as float32 parts. `interpret`: Pallas's interpret mode
+    (`pltpu.InterpretParams`, or True) to run on CPU. Systems too long for VMEM (`fits`) are
+    solved by XLA's loop."""
+    _xla.check_operands(ab, b, l=l, u=u, kind=kind, stored=stored)
+    K = ab.shape[0]
     P, N, Q = b.shape
     out_dtype = jnp.dtype(out_dtype)
-    _tpu.require_real(out_dtype, "banded")
+    _tpu.check_dtype(out_dtype)
     if P * N * Q == 0:
         return jnp.zeros((P, N, Q), out_dtype)
     budget = _tpu.vmem()
     g = _plan(P, N, Q, ab, b, out_dtype, l=l, u=u, kind=kind, transposed=transposed,
               budget=budget.budget)
     if g is None:
+        if stored is not None:
+            ab = algebra.hermitian_bands(ab, lower=stored == "lower", axis=2, n=N)
         return _xla.solve_pnq(ab, b, l=l, u=u, kind=kind, transposed=transposed,
                               out_dtype=out_dtype)
-    op = _band_operand(g, ab.shape[1:], ab.dtype)
+    px, part = _tpu.split_dtype(out_dtype)
+    complex_ = px == 2
+    ab_parts = _tpu.parts_of(ab, complex_ and jnp.iscomplexobj(ab))
+    b_parts = _tpu.parts_of(b, complex_)
+    op = _band_operand(g, ab.shape[1:], ab_parts[0].dtype)
     H = _halo(g, l, u)
     b_op = _tpu.Operand("rows", staged=True)
-    b_in, _ = _tpu.prepare(g, b)
-    direct_out = not _tpu.staged(g, out_dtype)
+    direct_out = not _tpu.staged(g, part)
     kept = _window.kept_columns(l, u, kind, transposed)
     C = g.chunks
 
@@ -322,21 +408,24 @@ def solve_pnq(ab, b, *, l: int, u: int, kind: str, transposed: bool, out_dtype, 
     def chunk_out(k):
         return jnp.clip(2 * C - 1 - k, 0, C - 1)
 
-    inputs = [_prepare_bands(g, ab, op), b_in]
-    in_specs = [_tpu.block_spec(g, op, chunk_in, stack=K), _tpu.block_spec(g, b_op, chunk_in)]
+    inputs = [_prepare_bands(g, v, op) for v in ab_parts] + [_tpu.prepare(g, v)[0] for v in b_parts]
+    in_specs = ([_tpu.block_spec(g, op, chunk_in, stack=K)] * len(ab_parts)
+                + [_tpu.block_spec(g, b_op, chunk_in)] * len(b_parts))
     shape = (P, N) if g.layout == "transposed" else (P, N, Q)
     out_spec = _tpu.block_spec(g, _tpu.Operand("rows"), chunk_out)
     vmem = _tpu.pltpu.VMEM
     carry = _carry_tiles(l, u, kind, transposed)
-    scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * (kept + 1)
-    scratch.append(vmem((carry, *g.tile), jnp.float32))
+    scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * ((kept + 1) * px)
+    scratch.append(vmem((carry * px, *g.tile), jnp.float32))
     stage = vmem(_tpu.rows_shape(g, H + g.rows), jnp.float32)
-    scratch += [stage] * ((K if op.kind == "rows" else 0) + 1)
+    scratch += [stage] * ((K if op.kind == "rows" else 0) * len(ab_parts) + len(b_parts))
     if op.kind == "scalar" and H:
-        scratch.append(_tpu.pltpu.SMEM((K, H), jnp.float32))
-    kernel = functools.partial(_kernel, g=g, op=op, K=K, l=l, u=u, kind=kind,
-                               transposed=transposed, direct_out=direct_out, H=H)
-    (x,) = _tpu.call(kernel, g, inputs, in_specs, [jax.ShapeDtypeStruct(shape, out_dtype)],
-                     [out_spec], scratch, steps=2 * C, name=f"tridiax_{kind}_tpu",
-                     vmem_limit=budget.limit, interpret=interpret)
+        scratch.append(_tpu.pltpu.SMEM((K * len(ab_parts), H), jnp.float32))
+    kernel = functools.partial(_kernel, g=g, op=op, K=K, l=l, u=u, kind=kind, transposed=transposed,
+                               stored=stored, parts=(len(ab_parts), len(b_parts), px),
+                               direct_out=direct_out, H=H)
+    x = _tpu.call(kernel, g, inputs, in_specs, [jax.ShapeDtypeStruct(shape, part)] * px,
+                  [out_spec] * px, scratch, steps=2 * C, name=f"tridiax_{kind}_tpu",
+                  vmem_limit=budget.limit, interpret=interpret)
+    x = jax.lax.complex(*x) if complex_ else x[0]
     return x.reshape(P, N, Q)

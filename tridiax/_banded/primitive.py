@@ -3,7 +3,11 @@
 Operands: `ab`, the bands in scipy's layout on a leading axis of their own, ab[u + i - j, j] =
 A[i, j] along `axis` + 1 (shape (l + u + 1, *s) with s broadcasting against b), and `b`.
 Params: `l`, `u`, `axis` (of b, non-negative), `transposed` (solve A^T x = b, reading the
-same bands), `backend` (None: per platform, `_core/backend.py`) and `kind` (`_xla_banded.KINDS`).
+same bands), `backend` (None: per platform, `_core/backend.py`), `kind` (`_xla_banded.KINDS`)
+and `stored`: None (`ab` holds all l + u + 1 bands) or "upper"/"lower" (a Hermitian matrix,
+l = u, of which `ab` holds the u + 1 bands of one triangle in solveh_banded's layout). The TPU
+kernel reads the other triangle's entries from the stored one; the other backends are given
+all the bands (`algebra.hermitian_bands`), formed where they are solved.
 
 Differentiation is implicit, as for the tridiagonal solve (`_tridiagonal/primitive.py`):
     d x = A^{-1} (d b - dA x)          (JVP: one more solve with the same bands)
@@ -34,31 +38,36 @@ def _full_shape(ab, b) -> tuple[int, ...]:
     return tuple(jnp.broadcast_shapes(ab.shape[1:], b.shape))
 
 
-def _abstract_eval(ab, b, *, l, u, axis, transposed, backend, kind):
-    del l, u, axis, transposed, backend, kind
+def _abstract_eval(ab, b, *, l, u, axis, transposed, backend, kind, stored):
+    del l, u, axis, transposed, backend, kind, stored
     return ShapedArray(_full_shape(ab, b), b.dtype)
 
 
 def _lowering(platform: str):
-    def solve(ab, b, *, l, u, axis, transposed, backend, kind):
+    def solve(ab, b, *, l, u, axis, transposed, backend, kind, stored):
         backend = backend or _backend.default_backend(platform, b.dtype, op="banded")
         kernel = _backend.kernels(backend).banded
+        on_tpu = backend in ("pallas_tpu", "pallas_tpu_interpret")
+        options = {"stored": stored} if on_tpu else {}
 
         def local(ab, b):
             """The systems one device holds (all of them when unsharded)."""
-            if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+            if on_tpu:
                 return _in_physical_order(solve_ordered, ab, b, axis, b.dtype)
             return solve_ordered(ab, b, axis)
 
         def solve_ordered(ab, b, axis):
             full = _full_shape(ab, b)
+            if stored is not None and not on_tpu:
+                ab = algebra.hermitian_bands(ab, lower=stored == "lower", axis=axis + 1,
+                                             n=full[axis])
             # The bands as (K, P|1, N|1, Q|1): the same view of every band row (a free
             # reshape, unless a band is broadcast in part of a group, which `to_pnq`
             # materialises).
             ab_view = jax.vmap(lambda band: _layout.to_pnq(band, axis, full))(ab)
             b_view = _layout.to_pnq(jnp.broadcast_to(b, full), axis, full)
             x = kernel(ab_view, b_view, l=l, u=u, kind=kind, transposed=transposed,
-                       out_dtype=b.dtype)
+                       out_dtype=b.dtype, **options)
             return x.reshape(full)
 
         return _sharding.partitioned(local, [ab.shape, b.shape], [_full_shape(ab, b)], axis,
@@ -84,9 +93,12 @@ def _in_physical_order(solve, ab, b, axis: int, dtype):
     return jnp.transpose(x, inverse)
 
 
-def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind):
+def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind, stored):
     del backend, kind
     (ab_t,) = tangents
+    if stored is not None:  # dA is Hermitian too: both triangles move with the stored one
+        ab_t = algebra.hermitian_bands(ab_t, lower=stored == "lower", axis=axis + 1,
+                                       n=x.shape[axis])
     return -algebra.matvec(ab_t, x, l=l, u=u, axis=axis, transposed=transposed)
 
 

@@ -29,11 +29,17 @@ from .._core.split_complex import magnitude
 KINDS = ("banded", "banded_pivoted", "banded_hermitian")
 
 
-def check_operands(ab, b, *, l: int, u: int, kind: str) -> None:
-    """ValueError for a kind, or `ab` and `b` shapes, that the (P, N, Q) kernels do not take."""
+def check_operands(ab, b, *, l: int, u: int, kind: str, stored=None) -> None:
+    """ValueError for a kind, or `ab` and `b` shapes, that the (P, N, Q) kernels do not take
+    (`stored`: "upper"/"lower" for the u + 1 bands of one triangle of a Hermitian matrix)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    K = l + u + 1
+    if stored not in (None, "upper", "lower"):
+        raise ValueError(f"stored must be None, 'upper' or 'lower', got {stored!r}")
+    if stored is not None and (kind != "banded_hermitian" or l != u):
+        raise ValueError(f"a stored triangle is a Hermitian matrix (kind 'banded_hermitian', "
+                         f"l = u), got kind {kind!r}, l={l}, u={u}")
+    K = u + 1 if stored else l + u + 1
     if ab.ndim != 4 or ab.shape[0] != K:
         raise ValueError(f"ab must be ({K}, P|1, N|1, Q|1) for l={l}, u={u}, got {ab.shape}")
     for size, full_size in zip(ab.shape[1:], b.shape, strict=True):

@@ -483,7 +483,7 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     P, N, Q, k, m = b.shape
     out_dtype = jnp.dtype(out_dtype)
-    _tpu.require_real(out_dtype, "block")
+    _tpu.check_dtype(out_dtype)
     if b.size == 0:
         return jnp.zeros(b.shape, out_dtype)
     budget = _tpu.vmem()

@@ -14,8 +14,8 @@
 | "pallas_interpret" | the Pallas kernels in interpret mode (tests)         | anywhere, when asked for    |
 | "pallas_tpu"       | Pallas Mosaic TPU kernels `<family>/pallas_tpu.py`   | TPUs; float32, bfloat16 and |
 |                    | (every tridiagonal kind, the factorization,          | float16 (computed in        |
-|                    | recurrences: identity, relu, tanh; banded and block  | float32); complex64 for     |
-|                    | solves)                                              | all but banded solves       |
+|                    | recurrences: identity, relu, tanh; banded and block  | float32); complex64 (as     |
+|                    | solves)                                              | float32 parts)              |
 | "pallas_tpu_       | the Pallas TPU kernels, interpreted (tests)          | anywhere, when asked for    |
 |  interpret"        |                                                      |                             |
 
@@ -130,7 +130,7 @@ def _tpu_unavailable(backend: str, dtype, *, platform, op, activation) -> str | 
         return "the Pallas TPU kernels run on TPUs"
     if not _tpu.available():
         return f"jax {jax.__version__} has no Pallas Mosaic TPU backend"
-    if (reason := _tpu.unavailable_dtype(dtype, op)) is not None:
+    if (reason := _tpu.unavailable_dtype(dtype)) is not None:
         return reason
     if op == "recurrence" and not _tpu_recurrence.supports(activation):
         return f"the Pallas TPU recurrence runs identity, relu and tanh, not {activation!r}"

@@ -40,12 +40,10 @@ from SMEM. Other partial broadcasts (along P or Q only, in the "sublanes" and "t
 layouts) are broadcast to the full shape first, at the cost of the bytes that writes.
 
 Half-precision operands are converted to float32 in VMEM (staged like a transposed layout's
-operands): a packed bf16 row cannot be loaded at a dynamic row. Complex64 operands of the
-tridiagonal, block and recurrence kernels are passed as their float32 real and imaginary parts
-(`parts_of`: a TPU stores a complex64 array as those two planes) and read as `SplitComplex`
-tiles (`SplitRows`).
-Float64 and complex128 are not taken, nor complex64 by the other kernels (`_core/backend.py`
-says why and runs XLA's loop instead).
+operands): a packed bf16 row cannot be loaded at a dynamic row. Complex64 operands are passed
+as their float32 real and imaginary parts (`parts_of`: a TPU stores a complex64 array as those
+two planes) and read as `SplitComplex` tiles (`SplitRows`).
+Float64 and complex128 are not taken (`_core/backend.py` says why and runs XLA's loop instead).
 
 HBM layouts: XLA stores an array on a TPU in the dimension order that pads its tiles least
 (its default layout: f32[4096, 1000] lies as 1000 rows of 4096 values, `{0,1:T(8,128)}`),
@@ -98,27 +96,22 @@ _CHIPS = {"TPU v4": "v4", "TPU v4 lite": "v4i", "TPU v5 lite": "v5e", "TPU v5e":
           "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e",
           "TPU7": "7", "TPU7x": "7x"}
 TAKES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Operations whose kernels also take complex64 (as float32 real and imaginary parts).
-COMPLEX_OPS = ("thomas", "recurrence", "block")
 
 
-def unavailable_dtype(dtype, op: str = "thomas") -> str | None:
-    """Why the TPU kernels of `op` ("thomas": the tridiagonal solves and factorizations,
-    "recurrence", "banded", "block") cannot take `dtype` (None: they can)."""
+def unavailable_dtype(dtype) -> str | None:
+    """Why the TPU kernels cannot take `dtype` (None: they can): they take the dtypes of
+    TAKES, and complex64 as float32 real and imaginary parts."""
     dtype = jnp.dtype(dtype)
-    if dtype == jnp.complex64 and op not in COMPLEX_OPS:
-        return (f"the Pallas TPU {op} kernel takes float32, bfloat16 and float16, not "
-                "complex64 (the tridiagonal, block and recurrence kernels take it)")
     if dtype not in TAKES and dtype != jnp.complex64:
         return (f"the Pallas TPU kernels take float32, bfloat16 and float16 (computed in "
-                f"float32) and (but for banded solves) complex64, not {dtype}")
+                f"float32) and complex64 (as float32 parts), not {dtype}")
     return None
 
 
-def require_real(dtype, op: str) -> None:
-    """ValueError for a complex `dtype` reaching a kernel that takes real operands only (the
-    backend routes such calls to XLA's loop; `unavailable_dtype` says why)."""
-    if (reason := unavailable_dtype(dtype, op)) is not None:
+def check_dtype(dtype) -> None:
+    """ValueError for a `dtype` the kernels cannot take (the backend routes such calls to XLA's
+    loop; `unavailable_dtype` says why)."""
+    if (reason := unavailable_dtype(dtype)) is not None:
         raise ValueError(reason)
 
 

@@ -133,7 +133,7 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU."""
     P, T, Q = broadcast_shape(a, x, h0)
     out_dtype = jnp.dtype(out_dtype)
-    _tpu.require_real(out_dtype, "recurrence")
+    _tpu.check_dtype(out_dtype)
     ph, part_dtype = _tpu.split_dtype(out_dtype)
     complex_ = ph == 2
     if complex_ and activation is not None:
