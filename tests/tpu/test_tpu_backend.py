@@ -252,8 +252,13 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
 
     assert chunk(8192, 1000, 1) == 0 and chunk(1, 1000, 4) == 0  # wide; short
     assert tpu_thomas.fits(1, 2000, 1024, jnp.float32) and chunk(1, 2000, 1024) == 0  # a row tile
+    # chunks of whole (16, 128) tiles, so that the chunk view is a bitcast; of those, one that
+    # divides N where one is near the target (no padded last chunk), as for 100 000 rows
+    # (1250 divides it too, but would make XLA relayout every operand)
     m = chunk(1, 3000, 128)
-    assert 3000 % m == 0 and 3000 // m >= 50
+    assert m % _planner.TPU_CHUNK_ROWS == 0 and 3000 // m >= 50
+    m = chunk(1, 100000, 128)
+    assert m % _planner.TPU_CHUNK_ROWS == 0 and 100000 % m == 0 and 100000 // m >= 50
     assert chunk(1, 3000, 4) == 0 and chunk(4, 3000, 1) == 0
     assert not tpu_thomas.fits(1, 60000, 1024, jnp.float32)
     m = chunk(1, 60000, 1024)
@@ -263,9 +268,10 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
                                      platform="tpu") == 0
     assert _planner.recurrence_chunk(1, 60000, 1024, jnp.float32, linear=True, backend="pallas_tpu",
                                      platform="tpu") == 0  # a full row tile
-    m = _planner.recurrence_chunk(1, 60000, 128, jnp.float32, linear=True, backend="pallas_tpu",
-                                  platform="tpu")
-    assert m and 60000 // m * 128 >= _planner.TPU_LANES
+    for T in (60000, 100000):
+        m = _planner.recurrence_chunk(1, T, 128, jnp.float32, linear=True, backend="pallas_tpu",
+                                      platform="tpu")
+        assert m and T // m * 128 >= _planner.TPU_LANES and m % _planner.TPU_CHUNK_ROWS == 0 and T % m == 0
 
 
 @pytest.mark.parametrize("kind", ["thomas", *KINDS])

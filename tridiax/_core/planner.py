@@ -71,6 +71,10 @@ TPU_TILE_SYSTEMS = 8 * 128
 TPU_LANES = 8 * TPU_TILE_SYSTEMS
 TPU_MAX_CHUNK = 4096
 TPU_MIN_CHUNKED_LANES = 128
+# A TPU stores an array's last two dimensions in tiles of 8 rows (16 for 16-bit types): chunks
+# of a multiple of this many rows make the chunk view (N, Q) -> (C, m, Q) a bitcast, where other
+# lengths make XLA copy every operand into a padded layout.
+TPU_CHUNK_ROWS = 16
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
 # The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
@@ -176,12 +180,17 @@ def chunkable(kind: str, backend: str) -> bool:
     return kind in CHUNKED_KINDS and backend in CHUNKED_BACKENDS
 
 
-def _dividing(n: int, target: int, *, periodic: bool) -> int:
-    """A valid chunk length dividing n in [target/2, target] (no padded last chunk for the
-    composed sweeps), else the valid one nearest below target."""
+def _dividing(n: int, target: int, *, periodic: bool, align: int = 1) -> int:
+    """A valid chunk length dividing n in [target/2, target], a multiple of `align` (no padded
+    last chunk for the composed sweeps, and on a TPU no relayout), else the valid one nearest
+    below target (a multiple of `align` if that one is valid)."""
     for m in range(min(target, n), max(1, target // 2), -1):
-        if n % m == 0 and valid_chunk(n, m, periodic=periodic) == m:
+        if m % align == 0 and n % m == 0 and valid_chunk(n, m, periodic=periodic) == m:
             return m
+    if align > 1 and target >= 2 * align:
+        aligned = target - target % align
+        if valid_chunk(n, aligned, periodic=periodic) == aligned:
+            return aligned
     return valid_chunk(n, target, periodic=periodic)
 
 
@@ -280,7 +289,9 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
     if N < 2 * target:
         target = max(MIN_CHUNK, N // 2)
     # The composed GPU sweeps pad a short last chunk: there, a length dividing N if one is near.
-    pick = valid_chunk if platform == "cpu" and backend not in TPU_BACKENDS else _dividing
+    if backend in TPU_BACKENDS:
+        return _dividing(N, target, periodic=periodic, align=TPU_CHUNK_ROWS)
+    pick = valid_chunk if platform == "cpu" else _dividing
     return pick(N, target, periodic=periodic)
 
 
@@ -325,10 +336,11 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         target = max(64, T * lanes // GPU_LANES)
     if T < 2 * target:
         return 0
+    align = TPU_CHUNK_ROWS if backend in TPU_BACKENDS else 1
     for m in range(target, target // 2, -1):
-        if T % m == 0:
+        if m % align == 0 and T % m == 0:
             return m
-    return target
+    return target - target % align
 
 
 def _tpu_budget() -> int:
