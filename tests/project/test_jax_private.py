@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_close, random_bands
+from helpers import assert_close, dense_solve, random_bands
 
 import tridiax
 from tridiax import verify
@@ -75,6 +75,24 @@ def test_device_registry_missing_is_not_an_error(monkeypatch):
     assert primitive in dispatch.prim_requires_devices_during_lowering
     _without(monkeypatch, ("jax._src.dispatch", "prim_requires_devices_during_lowering"))
     assert not _jax_private.declare_needs_devices(jax.extend.core.Primitive("other"))
+
+
+def test_shard_map_typing_missing_leaves_other_calls_alone(monkeypatch):
+    """Without JAX's typing of varying mesh axes (ManualAxisType, the check_vma state) the
+    primitives are plain ones: solves and their gradients outside shard_map are unchanged."""
+    _without(monkeypatch, ("jax.sharding", "ManualAxisType"), ("jax._src.core", "ManualAxisType"),
+             ("jax._src.config", "_check_vma"))
+    assert _jax_private._manual_axis_type() is None
+    with _jax_private.vma_unchecked():
+        pass
+    l, d, u, b = (jnp.asarray(v) for v in random_bands((12, 3), np.float64, seed=4))
+    aval = jax.typeof(b)
+    assert _jax_private.unvarying(aval) is aval and _jax_private.with_varying(aval, frozenset(), aval) is aval
+    x = jax.jit(lambda *a: solve(*a, axis=0, backend="xla"))(l, d, u, b)
+    assert_close(x, verify.reference_solve(l, d, u, b, axis=0), np.float64)
+    grad = jax.grad(lambda b: jnp.sum(solve(l, d, u, b, axis=0, backend="xla") ** 2))(b)
+    want = jax.grad(lambda b: jnp.sum(dense_solve(l, d, u, b, 0) ** 2))(b)
+    assert_close(grad, want, np.float64)
 
 
 def _no_triton(monkeypatch):

@@ -343,6 +343,56 @@ def test_inside_shard_map_each_device_solves_its_block():
     assert moved == []
 
 
+def _shard_map_families(backend):
+    """(name, function, arguments, in_specs, argnums) for each family inside shard_map: an
+    operand replicated (P()) against sharded ones where the family can share one."""
+    from tridiax._banded.api import solve as banded
+    from tridiax._block.api import solve as block
+    from tridiax._recurrence.api import recurrence
+    from tridiax._tridiagonal.api import solve
+
+    rng = np.random.default_rng(21)
+
+    def r(*shape):
+        return jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+
+    n, s, k = 16, P(None, "x"), 2
+    l, d, u, b = r(n, 1), 4 + r(n, 8), r(n, 8), r(n, 8)
+    blocks = [r(n, 8, k, k), r(n, 8, k, k) + 4 * jnp.eye(k, dtype=jnp.float32), r(n, 8, k, k), r(n, 8, k)]
+    s4, s3 = P(None, "x", None, None), P(None, "x", None)
+    return [
+        ("tridiagonal", lambda *a: solve(*a, axis=0, backend=backend), (l, d, u, b), (P(), s, s, s)),
+        ("pivoted", lambda *a: solve(*a, axis=0, pivoting=True, backend=backend), (r(n, 8), d - 4, r(n, 8), b),
+         (s,) * 4),
+        ("banded", lambda ab, b: banded((2, 1), ab, b, axis=0, backend=backend),
+         (r(4, n, 1).at[1].add(4), b), (P(), s)),
+        ("solveh_banded", lambda ab, b: banded(None, ab, b, axis=0, hermitian="lower", backend=backend),
+         (r(3, n, 8).at[0].add(6), b), (P(None, None, "x"), s)),
+        ("block", lambda *a: block(*a, axis=0, backend=backend), blocks, (s4, s4, s4, s3)),
+        ("recurrence", lambda a, x: recurrence(a, x, axis=0, backend=backend), (0.5 * r(n, 1), b), (P(), s)),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["xla", "native", "pallas_interpret", "pallas_tpu_interpret"])
+def test_inside_shard_map_with_its_checks_and_gradients(backend):
+    # shard_map's default check_vma types how values vary over the mesh: the primitives' operands
+    # vary together (a replicated band is cast, its cotangent summed over the devices once) and
+    # their results vary as they do; the kernels' lowerings, one device's program, are not typed.
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    for name, f, args, specs in _shard_map_families(backend):
+        argnums = tuple(range(len(args)))
+
+        def both(*a, f=f, argnums=argnums):
+            return f(*a), jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=argnums)(*a)
+
+        x, grads = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=specs,
+                                         out_specs=(specs[-1], specs)))(*args)
+        want_x, want_grads = jax.jit(both)(*args)  # one device
+        for got, want in zip((x, *grads), (want_x, *want_grads), strict=True):
+            scale = float(jnp.abs(want).max())
+            assert float(jnp.abs(got - want).max()) <= 1e-5 * scale, (backend, name)
+
+
 # --- no Pallas Triton deprecation warning from the per-device kernels -------------------------
 
 

@@ -29,10 +29,10 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax.numpy as jnp
 from jax import Array, lax
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import dispatch as _dispatch
+from .primitive import VaryingPrimitive
 
 
 class BreakdownError(RuntimeError):
@@ -201,7 +201,7 @@ def _guard(x: Array, count: Array, messages: BreakdownMessages) -> Array:
 # counts the whole batch, whether vmap runs outside or inside jit, nested or not. A count
 # that is not batched along a vmapped dimension comes from the same systems in every
 # instance (jax.jacrev maps over the cotangents of one solve): it and the total stay.
-breakdown_check_p = Primitive("tridiax_breakdown_check")
+breakdown_check_p = VaryingPrimitive("tridiax_breakdown_check")
 
 
 @breakdown_check_p.def_impl

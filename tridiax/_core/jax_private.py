@@ -19,6 +19,9 @@ each name in turn and checks its fallback):
 | jax.experimental.pallas.mosaic_gpu         | the "mosaic_gpu" backend     | the backend is unavailable    |
 | jax._src.pallas.mosaic_gpu.interpret.      | the "mosaic_gpu_interpret"   | that backend is unavailable   |
 |   params.InterpretGPUParams                | backend (tests on CPU)       |                               |
+| jax.sharding.ManualAxisType (avals'        | tridiax's primitives inside  | `vma` (older JAX), else none: |
+|   manual_axis_type; `vma` before jax 0.10) | shard_map with check_vma     | shard_map needs               |
+| jax._src.config._check_vma                 | unchecked lowerings          | check_vma=False               |
 
 The Triton backend's deprecation warning (jax >= 0.11) is silenced around tridiax's own
 lowerings only (`quiet_triton_deprecation`: the primitives' lowering rules, and the per-device
@@ -145,3 +148,85 @@ def quiet_triton_deprecation():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_TRITON_WARNING, category=DeprecationWarning)
         yield
+
+
+# --- shard_map's typing of how values vary over its mesh axes (check_vma) -------------------
+
+
+def _manual_axis_type(**axes):
+    """A jax.sharding.ManualAxisType (jax >= 0.10), or None where JAX has none."""
+    kind = _attribute(("jax.sharding", "ManualAxisType"), ("jax._src.core", "ManualAxisType"))
+    return None if kind is None else kind(**{k: frozenset(v) for k, v in axes.items()})
+
+
+def varying_axes(aval) -> frozenset:
+    """The mesh axes (inside shard_map) over which values of `aval` vary."""
+    kind = getattr(aval, "manual_axis_type", None)
+    if kind is not None:
+        return frozenset(kind.varying)
+    return frozenset(getattr(aval, "vma", None) or ())
+
+
+def with_varying(aval, axes, like):
+    """`aval` declared to vary over the mesh `axes`, as `like` (an operand's aval, varying over
+    some of them) does: its mesh (shard_map's, whose manual axes these are) goes with it."""
+    if not axes:
+        return aval
+    if getattr(aval, "manual_axis_type", None) is not None:
+        kind = _manual_axis_type(varying=axes)
+        if kind is None:
+            return aval
+        unsharded = jax.sharding.NamedSharding(like.sharding.mesh,
+                                               jax.sharding.PartitionSpec(*[None] * aval.ndim))
+        return aval.update(sharding=unsharded, manual_axis_type=kind)
+    if hasattr(aval, "vma"):
+        return aval.update(vma=frozenset(axes))
+    return aval
+
+
+def unvarying(aval):
+    """`aval` without varying mesh axes (for tracing a lowering, where they are unchecked)."""
+    if not varying_axes(aval):
+        return aval
+    if getattr(aval, "manual_axis_type", None) is not None:
+        kind = _manual_axis_type()
+        return aval if kind is None else aval.update(manual_axis_type=kind)
+    return aval.update(vma=frozenset())
+
+
+def _vary(value, axes):
+    """`value` cast to vary over the mesh `axes` too."""
+    missing = tuple(sorted(axes - varying_axes(jax.typeof(value))))
+    if not missing:
+        return value
+    cast = getattr(jax.lax, "pcast", None)
+    return cast(value, missing, to="varying") if cast else jax.lax.pvary(value, missing)
+
+
+def vary_together(args):
+    """`args`, each cast to vary over every mesh axis any of them varies over: inside shard_map
+    (with check_vma, its default) a primitive's operands must agree, and JAX's own primitives
+    cast theirs the same way. Outside shard_map nothing varies and `args` come back as they
+    are."""
+    union = frozenset().union(*(varying_axes(jax.typeof(a)) for a in args))
+    return [_vary(a, union) for a in args] if union else args
+
+
+def struct_of(aval):
+    """A ShapeDtypeStruct of `aval`, varying over the mesh axes it varies over (an argument of
+    jax.linear_transpose inside shard_map: one that did not vary would have its cotangent
+    summed over the devices there, and again where the primitive's operands were cast)."""
+    if varying_axes(aval):
+        if getattr(aval, "manual_axis_type", None) is not None:
+            return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=aval.sharding,
+                                        manual_axis_type=aval.manual_axis_type)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, vma=aval.vma)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+
+
+def vma_unchecked():
+    """A context in which JAX does not check how values vary over shard_map's mesh axes: a
+    lowering rule traces the one program every device runs, where that typing says nothing
+    (pallas_call traces its kernels the same way)."""
+    state = _attribute(("jax._src.config", "_check_vma"))
+    return contextlib.nullcontext() if state is None else state(False)

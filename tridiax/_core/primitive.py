@@ -22,9 +22,34 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from . import along_axis as _along
+from . import jax_private as _jax_private
 from . import sharding as _sharding
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+class VaryingPrimitive(Primitive):
+    """A Primitive that works inside shard_map with check_vma (its default): its operands are
+    cast to vary over the same mesh axes before it binds (`_jax_private.vary_together`), and
+    its results vary over them (the abstract evaluation declares it). Outside shard_map it is
+    a plain Primitive."""
+
+    def bind(self, *args, **params):
+        return super().bind(*_jax_private.vary_together(args), **params)
+
+    def def_abstract_eval(self, abstract_eval):
+        def varying(*avals, **params):
+            out = abstract_eval(*avals, **params)
+            axes = frozenset().union(*(_jax_private.varying_axes(a) for a in avals))
+            if not axes:
+                return out
+            like = next(a for a in avals if _jax_private.varying_axes(a))
+            if self.multiple_results:
+                return [_jax_private.with_varying(o, axes, like) for o in out]
+            return _jax_private.with_varying(out, axes, like)
+
+        super().def_abstract_eval(varying)
+        return abstract_eval
 
 
 def def_jit_impl(primitive: Primitive) -> None:
@@ -56,7 +81,7 @@ def solve_primitive(name: str, *, solves: str, abstract_eval: Callable,
     - `align_batch(operands, dims, axis)`: the operands with their vmapped dimensions (None:
       unbatched) in one place, that dimension of the output, and the solve axis after it.
     """
-    primitive = Primitive(name)
+    primitive = VaryingPrimitive(name)
     def_jit_impl(primitive)
     primitive.def_abstract_eval(abstract_eval)
     for platform in PLATFORMS:

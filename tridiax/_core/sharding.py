@@ -74,10 +74,14 @@ def register_lowering(primitive, fn: Callable, platform: str, *,
             partition = True
         token = _PARTITION.set(partition)
         device_token = _DEVICE.set(devices[0] if devices else None)
+        # Inside shard_map the operands vary over its mesh axes (`primitive.VaryingPrimitive`);
+        # the lowering traces the program of one device, where that is not checked.
+        ctx = ctx.replace(avals_in=[_jax_private.unvarying(a) for a in ctx.avals_in],
+                          avals_out=[_jax_private.unvarying(a) for a in ctx.avals_out])
         try:
             # A Pallas Triton kernel inside warns of the backend's deprecation (jax >= 0.11):
             # tridiax chooses the backend and falls back once it is gone, so users see nothing.
-            with _jax_private.quiet_triton_deprecation():
+            with _jax_private.quiet_triton_deprecation(), _jax_private.vma_unchecked():
                 return lowered(ctx, *args, **params)
         finally:
             _PARTITION.reset(token)

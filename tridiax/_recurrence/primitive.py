@@ -31,7 +31,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from .._core import along_axis as _along
@@ -40,11 +39,11 @@ from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
-from .._core.primitive import def_jit_impl
+from .._core.primitive import VaryingPrimitive, def_jit_impl
 from .._long_systems import chunked as _chunked
 from .._long_systems import partition_method as _partition_method
 
-recurrence_p = Primitive("tridiax_recurrence")
+recurrence_p = VaryingPrimitive("tridiax_recurrence")
 
 
 def_jit_impl(recurrence_p)
@@ -127,7 +126,7 @@ def _lowering(platform: str):
     return run
 
 
-gated_recurrence_p = Primitive("tridiax_gated_recurrence")
+gated_recurrence_p = VaryingPrimitive("tridiax_gated_recurrence")
 def_jit_impl(gated_recurrence_p)
 gated_recurrence_p.def_abstract_eval(_abstract_eval)
 

@@ -26,19 +26,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from .._core import along_axis as _along
 from .._core import backend as _backend
+from .._core import jax_private as _jax_private
 from .._core import layout as _layout
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
-from .._core.primitive import def_jit_impl
+from .._core.primitive import VaryingPrimitive, def_jit_impl
 from . import algebra
 
-band_product_p = Primitive("tridiax_band_product")
-band_cotangents_p = Primitive("tridiax_band_cotangents")
+band_product_p = VaryingPrimitive("tridiax_band_product")
+band_cotangents_p = VaryingPrimitive("tridiax_band_cotangents")
 band_cotangents_p.multiple_results = True
 
 
@@ -139,8 +139,7 @@ def _product_transpose(ct, *operands, axis, transposed, periodic, present, backe
             return _product(*filled, x, axis=axis, transposed=transposed, periodic=periodic,
                             present=present, backend=backend)
 
-        rest_bars = jax.linear_transpose(
-            product, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals))(ct)
+        rest_bars = jax.linear_transpose(product, *map(_jax_private.struct_of, avals))(ct)
         for j, bar in zip(rest, rest_bars):
             out[j] = bar
     return out

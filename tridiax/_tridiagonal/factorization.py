@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
-from jax.extend.core import Primitive
 from jax.interpreters import batching
 from jax.typing import ArrayLike
 
@@ -41,7 +40,7 @@ from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.inputs import check_operator_rank, conform, plan_of, read
 from .._core.jax_private import ShapedArray
-from .._core.primitive import def_jit_impl
+from .._core.primitive import VaryingPrimitive, def_jit_impl
 from . import algebra
 from . import periodic as _periodic
 from .api import check_periodic_size
@@ -217,7 +216,7 @@ def _factor_arrays(lower, diag, upper, axis: int, dtype, backend, block
 # The elimination without a right-hand side, as a primitive so that its lowering can be
 # partitioned over sharded batch axes (`_sharding.partitioned`) and vmap stays a batch
 # dimension. Its inputs are stop_gradient'ed bands: it is never differentiated.
-factor_p = Primitive("tridiax_factor")
+factor_p = VaryingPrimitive("tridiax_factor")
 factor_p.multiple_results = True
 def_jit_impl(factor_p)
 
