@@ -50,7 +50,10 @@ def _jax_version() -> str:
 SITE = pathlib.Path(os.environ.get("TPU_AOT_SITE", pathlib.Path.home() / ".cache" / "tridiax-tpu-aot"
                                    / f"jax-{_jax_version()}"))
 
-Spec = tuple[Sequence[int], str]  # (shape, dtype name) of one argument
+# (shape, dtype name) of one argument, on one device; or (shape, dtype name, partition) sharded
+# over every device of the topology along one mesh axis, "devices": `partition` names the
+# dimensions split across them ("devices") and the others (None), a PartitionSpec's entries.
+Spec = tuple[Sequence[int], str] | tuple[Sequence[int], str, Sequence[str | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,12 +131,14 @@ def compile_report(fn: str, *specs: Spec, topology: str = "v5e:2x2", x64: bool =
 def compile_reports(cases: Mapping[str, tuple[str, Sequence[Spec]]], *, topology: str = "v5e:2x2",
                     x64: bool = False, timeout: float = 600) -> dict[str, CaseReport]:
     """Compile each case {name: (fn, specs)} for one device of `topology` (a name of
-    TOPOLOGIES) in one subprocess. A case that fails to compile gets its error in
+    TOPOLOGIES; sharded specs for all its devices, the report that of one device's program)
+    in one subprocess. A case that fails to compile gets its error in
     `CaseReport.error`; a subprocess that fails as a whole raises RuntimeError."""
     if reason := unavailable_reason():
         raise RuntimeError(reason)
     request = {"topology": topology,
-               "cases": [{"name": name, "fn": fn, "specs": [[list(s), str(d)] for s, d in specs]}
+               "cases": [{"name": name, "fn": fn, "specs": [[list(s[0]), str(s[1]), *map(list, s[2:])]
+                                                            for s in specs]}
                          for name, (fn, specs) in cases.items()]}
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64=str(int(x64)),
                TPU_WORKER_HOSTNAMES="localhost", TF_CPP_MIN_LOG_LEVEL="2",
@@ -231,13 +236,24 @@ def _resolve(reference: str):
     return eval(expression, vars(importlib.import_module(module)))
 
 
-def _compile_case(case: dict, device) -> dict:
+def _sharding(spec, devices):
+    """A spec's sharding: one device, or split over all of them (`Spec`)."""
+    import jax
+    import numpy as np
+
+    if len(spec) == 2:
+        return jax.sharding.SingleDeviceSharding(devices[0])
+    mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec[2]))
+
+
+def _compile_case(case: dict, devices) -> dict:
     import jax
 
-    sharding = jax.sharding.SingleDeviceSharding(device)
     start = time.perf_counter()
     try:
-        specs = [jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding) for shape, dtype in case["specs"]]
+        specs = [jax.ShapeDtypeStruct(tuple(spec[0]), spec[1], sharding=_sharding(spec, devices))
+                 for spec in case["specs"]]
         compiled = jax.jit(_resolve(case["fn"])).lower(*specs).compile()
     except Exception:
         import traceback
@@ -260,8 +276,8 @@ def _worker(request_file: str, result_file: str) -> None:
 
     jax.config.update("jax_enable_compilation_cache", False)
     request = json.loads(pathlib.Path(request_file).read_text())
-    device = topologies.get_topology_desc(request["topology"], "tpu").devices[0]
-    results = {case["name"]: {**_compile_case(case, device), "device_kind": device.device_kind}
+    devices = topologies.get_topology_desc(request["topology"], "tpu").devices
+    results = {case["name"]: {**_compile_case(case, devices), "device_kind": devices[0].device_kind}
                for case in request["cases"]}
     pathlib.Path(result_file).write_text(json.dumps(results))
 

@@ -306,3 +306,70 @@ def test_other_generations(topology):
     problems = [p for name, report in reports.items()
                 for p in _problems(name, report, program_bytes=False)]
     assert not problems, "\n".join(problems)
+
+
+# Sharded forms, over the four chips of a v5e 2x2 slice: under shard_map each device runs the
+# kernel on the systems it holds, with no communication. (jit over NamedSharding inputs goes
+# through custom_partitioning, whose partitioner libtpu's compile-only client does not have:
+# "Custom emitter for CustomSPMDPartitioning not found"; tests/transformations/ runs those on
+# CPU devices.)
+DEVICES = 4
+
+
+def _split(specs, dim=-1):
+    """Argument specs split over the devices along dimension `dim` (a batch dimension)."""
+    return [(shape, dtype, tuple("devices" if d == dim % len(shape) else None for d in range(len(shape))))
+            for shape, dtype in specs]
+
+
+def _partition(spec):
+    return jax.sharding.PartitionSpec(*spec[2])
+
+
+# name: (what each device runs, argument specs split over the devices)
+SHARDED_FORMS = {
+    "sharded-solve-f32": (_solve(0), _split([((1000, 4096), "float32")] * 4)),
+    "sharded-grad-solve-f32": (_grad(_solve(0), (0, 1, 2, 3)), _split([((1000, 4096), "float32")] * 4)),
+    "sharded-banded-f32": (lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0),
+                           _split([((5, 1000, 4096), "float32"), ((1000, 4096), "float32")])),
+    "sharded-block-f32": (_block(0), _split(_block_specs((1000, 4096), 2, "float32"), dim=1)),
+    "sharded-recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x),
+                               _split([((1000, 4096), "float32")] * 2)),
+}
+
+
+def _sharded(name):
+    """The entry point as shard_map runs it over the slice's devices."""
+    fn, specs = SHARDED_FORMS[name]
+    mesh = jax.sharding.AbstractMesh((DEVICES,), ("devices",))
+    out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d, _ in specs])
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(map(_partition, specs)),
+                         out_specs=jax.tree.map(lambda _: _partition(specs[-1]), out))
+
+
+def test_sharded_forms_compile_per_device():
+    """Each device's program: the kernels of the unsharded entry point on a quarter of the
+    systems, no XLA loop, within the chip's VMEM; forward, a quarter of the floor's bytes."""
+    _require_harness()
+    cases = {name: (f"test_tpu_compile:_sharded({name!r})", specs)
+             for name, (_, specs) in SHARDED_FORMS.items()}
+    reports = compile_reports(cases, topology=V5E)
+    problems = []
+    vmem = _tpu.vmem("TPU v5 lite")
+    for name, report in reports.items():
+        if report.error:
+            problems.append(f"{name}: {report.error}")
+            continue
+        fn, specs = SHARDED_FORMS[name]
+        out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d, _ in specs])
+        floor = (_bytes([(s, d) for s, d, _ in specs])
+                 + sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(out))) / DEVICES
+        print(f"{name}: {report.bytes_accessed / floor:.3f} x a device's floor, kernels "
+              f"{[round(k.vmem_bytes / 2**20, 2) for k in report.kernels]} MiB VMEM, others {list(report.others)}")
+        if not report.kernels or report.whiles:
+            problems.append(f"{name}: {len(report.kernels)} kernels, {report.whiles} XLA loops")
+        if any(k.vmem_bytes > vmem.budget for k in report.kernels):
+            problems.append(f"{name}: a kernel over its VMEM budget")
+        if "grad" not in name and report.bytes_accessed > FLOOR_FACTOR * floor:
+            problems.append(f"{name}: {report.bytes_accessed:.4g} B, a device's floor {floor:.4g}")
+    assert not problems, "\n".join(problems)
