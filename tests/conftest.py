@@ -1,5 +1,6 @@
 import jax
 import pytest
+from helpers import release_programs
 
 # float64 and complex128 cases need x64; float32 cases pass explicit float32 arrays.
 jax.config.update("jax_enable_x64", True)
@@ -15,6 +16,39 @@ def _cpu_device_when_marked(request):
         return
     with jax.default_device(jax.devices("cpu")[0]):
         yield
+
+
+# Each XLA:CPU executable keeps a few memory maps while a cache holds it; a worker that has
+# compiled thousands of programs reaches the kernel's limit (vm.max_map_count, 65 530 here)
+# and crashes inside XLA's compiler (SIGSEGV or SIGABRT in backend_compile_and_load). Past
+# half the limit, the compiled programs are dropped (helpers.release_programs). Counted every
+# MAPS_EVERY tests: reading /proc/self/maps costs a few milliseconds.
+MAPS_EVERY = 25
+
+
+def _maps_limit() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None  # not Linux: nothing to watch
+
+
+MAPS_LIMIT = _maps_limit()
+_tests_run = 0
+
+
+@pytest.fixture(autouse=True)
+def _release_programs_before_the_maps_run_out():
+    yield
+    global _tests_run
+    _tests_run += 1
+    if MAPS_LIMIT is None or _tests_run % MAPS_EVERY:
+        return
+    with open("/proc/self/maps") as f:
+        maps = sum(1 for _ in f)
+    if maps > MAPS_LIMIT // 2:
+        release_programs()
 
 
 # Whole modules outside the fast tier: they start subprocesses, build the docs site, run the

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from helpers import KernelContract, assert_within_condition, case_id, cases, compile_unoptimized, wide
+from helpers import KernelContract, assert_within_condition, case_id, cases, compile_unoptimized, program_cache, wide
 
 from tridiax._banded import xla as _xla_banded
 
@@ -241,7 +241,7 @@ def compiled(solve_pnq, **fixed):
     (the kernels' loops compile in a fraction of the time), its answer a writable NumPy array.
     The hook passes any further (hashable) keyword options on to the kernel (a Pallas tile)."""
 
-    @functools.cache
+    @program_cache
     def program(specs, options):
         fn = functools.partial(solve_pnq, **fixed, **dict(options))
         return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs))

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.linalg.lapack
-from helpers import KernelContract, assert_within_condition, cases, compile_unoptimized, wide
+from helpers import KernelContract, assert_within_condition, cases, compile_unoptimized, program_cache, wide
 
 from tridiax._block import xla as _xla_block
 
@@ -233,7 +233,7 @@ def compiled(solve_pnq, **fixed):
     tests), its answer a writable NumPy array. Further (hashable) keyword options pass on to
     the kernel (a Pallas tile)."""
 
-    @functools.cache
+    @program_cache
     def program(specs, options):
         fn = functools.partial(solve_pnq, **fixed, **dict(options))
         return compile_unoptimized(fn, *(jax.ShapeDtypeStruct(*spec) for spec in specs),

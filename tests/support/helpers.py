@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,6 +99,28 @@ def numpy_loop(a, x, axis=0, reverse=False, initial=None, activation=lambda v: v
         h = activation(a[t] * h + x[t])
         out[t] = h
     return np.moveaxis(out, 0, axis)
+
+
+# Caches of compiled programs (`program_cache`), emptied by `release_programs`.
+_PROGRAM_CACHES = []
+
+
+def program_cache(fn):
+    """functools.cache for a function that returns compiled programs, emptied with JAX's own
+    caches by `release_programs` (tests/conftest.py calls it as a worker's memory maps fill)."""
+    cached = functools.cache(fn)
+    _PROGRAM_CACHES.append(cached)
+    return cached
+
+
+def release_programs():
+    """Drop every compiled program the tests hold: JAX's caches and the `program_cache`s. Each
+    XLA:CPU executable keeps a few memory maps, and a process that reaches the kernel's limit
+    (vm.max_map_count) crashes inside XLA's compiler."""
+    for cache in _PROGRAM_CACHES:
+        cache.cache_clear()
+    jax.clear_caches()
+    gc.collect()
 
 
 def compile_unoptimized(fn, *args, **options):
