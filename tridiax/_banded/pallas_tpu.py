@@ -134,15 +134,7 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
     C = g.chunks
     k = pl.program_id(2)
     zero = jnp.zeros(g.tile, jnp.float32)
-    carried = _carry_tiles(l, u, kind, transposed)
-
-    def keep(n: int, value):  # the carry's tile n, part after part
-        for part, plane in enumerate(_planes(value, px)):
-            carry_ref[n + part * carried] = plane
-
-    def kept_value(n: int):
-        planes = [carry_ref[n + part * carried] for part in range(px)]
-        return planes[0] if px == 1 else SplitComplex(*planes)
+    carry = _tpu.CarryTiles(carry_ref, px)
 
     def row_length(r: int) -> int:
         # Columns of window row r that can be nonzero: all of them once rows are interchanged;
@@ -208,8 +200,7 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
         @pl.when(k == 0)
         def _():
             window = [load_row(r, r, row_length(r)) for r in range(lo)]
-            for n, value in enumerate(flatten(window, [rhs(r) for r in range(lo)])):
-                keep(n, value)
+            carry.store(flatten(window, [rhs(r) for r in range(lo)]))
 
         def step(s, flat):
             window, values = unflatten(flat)
@@ -223,10 +214,8 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
             return flatten(rest, rest_values)
 
         def run(first, count):
-            flat = tuple(kept_value(n) for n in range(sum(lengths) + lo))
-            flat = _tpu.loop(count, lambda t, c: _splits(step(first + t, c), px), flat)
-            for n, value in enumerate(flat):
-                keep(n, value)
+            flat = carry.load(sum(lengths) + lo)
+            carry.store(_tpu.loop(count, lambda t, c: _splits(step(first + t, c), px), flat))
 
         _over_steps(g, j, D, run)
         if H:
@@ -247,8 +236,7 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
 
         @pl.when(k == C)
         def _():
-            for n in range(kept - 1):
-                keep(n, zero)
+            carry.store([zero] * (kept - 1))
 
         def run(count):
             def row(i, below):  # below[c] = x[i + 1 + c]
@@ -262,10 +250,8 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
                 out.store(i, x)
                 return (x, *below)[: kept - 1]
 
-            below = tuple(kept_value(n) for n in range(kept - 1))
-            below = _tpu.loop(count, lambda i, c: _splits(row(i, c), px), below, reverse=True)
-            for n, value in enumerate(below):
-                keep(n, value)
+            below = carry.load(kept - 1)
+            carry.store(_tpu.loop(count, lambda i, c: _splits(row(i, c), px), below, reverse=True))
 
         _tpu.over_rows(g, j, run)
         if not direct_out:
@@ -275,14 +261,6 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
 def _rows(g: _tpu.Geometry, refs, rows: int, offset=0):
     """A scratch's rows, joined over its parts."""
     return _tpu.joined([_tpu.RowRef(g, ref, rows, offset) for ref in refs])
-
-
-def _planes(value, parts: int):
-    """A tile as `parts` float32 planes (a real tile of a complex solve: zero imaginary part)."""
-    if parts == 1:
-        return (value,)
-    value = as_split(value)
-    return value.re, value.im
 
 
 def _splits(carry, parts: int):

@@ -444,6 +444,34 @@ def part_readers(g: Geometry, ops, groups, stages):
     return readers
 
 
+class CarryTiles:
+    """A carry scratch of row tiles (what a kernel keeps from one grid step to the next), its
+    values in `parts`: a complex value's real and imaginary parts are tiles 2n and 2n + 1, and
+    a real tile stored in a complex carry gets a zero imaginary part."""
+
+    def __init__(self, ref, parts: int):
+        self.ref, self.parts = ref, parts
+
+    def get(self, n):
+        if self.parts == 1:
+            return self.ref[n]
+        return SplitComplex(self.ref[2 * n], self.ref[2 * n + 1])
+
+    def set(self, n, value):
+        if self.parts == 1:
+            self.ref[n] = value
+        else:
+            value = as_split(value)
+            self.ref[2 * n], self.ref[2 * n + 1] = value.re, value.im
+
+    def load(self, count):
+        return tuple(self.get(n) for n in range(count))
+
+    def store(self, values):
+        for n, value in enumerate(values):
+            self.set(n, value)
+
+
 def stage_out_parts(g: Geometry, source, blocks):
     """`stage_out` for each part of a `joined` scratch (`blocks`: the outputs of the parts)."""
     sources = (source.re, source.im) if isinstance(source, SplitRows) else (source,)

@@ -63,7 +63,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
-from .._core.split_complex import SplitComplex, as_split, select, zeros_like
+from .._core.split_complex import select, zeros_like
 from .._pallas import tpu as _tpu
 from . import periodic as _periodic
 from .xla import pivot_step
@@ -193,10 +193,10 @@ def _substitution_row(work, out):
 
 class _Parts:
     """A kernel's refs in `parts` (2: complex values' real and imaginary parts, one ref after
-    the other): row accesses joined over the parts, and the carry scratch's tiles."""
+    the other): row accesses joined over the parts."""
 
-    def __init__(self, g, parts: int, carry_ref):
-        self.g, self.parts, self.carry_ref = g, parts, carry_ref
+    def __init__(self, g, parts: int):
+        self.g, self.parts = g, parts
 
     def grouped(self, refs, make):
         """One row access (`make(ref)`, joined over the parts) per operand of `refs`."""
@@ -212,25 +212,6 @@ class _Parts:
     def rows_of(self, refs):
         """Row accesses of "rows" output blocks, straight into the blocks."""
         return self.grouped(refs, lambda ref: _tpu.RowRef(self.g, ref.at[0], self.g.rows))
-
-    def get(self, n):
-        if self.parts == 1:
-            return self.carry_ref[n]
-        return SplitComplex(self.carry_ref[2 * n], self.carry_ref[2 * n + 1])
-
-    def set(self, n, value):
-        if self.parts == 1:
-            self.carry_ref[n] = value
-        else:
-            value = as_split(value)
-            self.carry_ref[2 * n], self.carry_ref[2 * n + 1] = value.re, value.im
-
-    def load(self, count):
-        return tuple(self.get(n) for n in range(count))
-
-    def store(self, values):
-        for n, value in enumerate(values):
-            self.set(n, value)
 
 
 def _initial_carry(g, kind):
@@ -250,8 +231,9 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
     C = g.chunks
     k = pl.program_id(2)
     tile = functools.partial(jnp.full, g.tile, dtype=jnp.float32)
-    io = _Parts(g, parts, carry_ref)
-    carry_get, carry_set, load_carry, store_carry = io.get, io.set, io.load, io.store
+    io = _Parts(g, parts)
+    carry = _tpu.CarryTiles(carry_ref, parts)
+    carry_get, carry_set, load_carry, store_carry = carry.get, carry.set, carry.load, carry.store
 
     def work_rows(j, offset=None):
         offset = _tpu.aligned(j * g.rows) if offset is None else offset
@@ -375,14 +357,14 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     out_stages = stages[len(stages) - 2 * parts:] if staged_work else []
     stages = stages[:len(stages) - len(out_stages)]
     j = pl.program_id(2)
-    io = _Parts(g, parts, carry_ref)
+    io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     readers = io.readers(ops, band_refs, stages)
     sinks = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_work
              else io.rows_of(work_refs))
 
     @pl.when(j == 0)
     def _():
-        io.store(_initial_carry(g, kind))
+        carry.store(_initial_carry(g, kind))
 
     def run(count):
         def row(i, carry):
@@ -394,7 +376,7 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
                 sink.store(i, value)
             return after
 
-        io.store(_tpu.loop(count, row, io.load(_CARRY[kind])))
+        carry.store(_tpu.loop(count, row, carry.load(_CARRY[kind])))
 
     _tpu.over_rows(g, j, run)
     for n, sink in enumerate(sinks if staged_work else ()):
@@ -411,18 +393,18 @@ def _streamed_backward(*refs, g, parts, staged_work, staged_out):
     stages = stages[:len(stages) - len(out_stages)]
     k = pl.program_id(2)
     j = g.chunks - 1 - k
-    io = _Parts(g, parts, carry_ref)
+    io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     work = io.readers([_tpu.Operand("rows", staged=staged_work)] * 2, work_refs, stages)
     out = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
            else io.rows_of(x_refs))[0]
 
     @pl.when(k == 0)
     def _():
-        io.store([jnp.zeros(g.tile, jnp.float32)] * 2)
+        carry.store([jnp.zeros(g.tile, jnp.float32)] * 2)
 
     def run(count):
         row, _ = _substitution_row(work, out)
-        io.store(_tpu.loop(count, row, io.load(2), reverse=True))
+        carry.store(_tpu.loop(count, row, carry.load(2), reverse=True))
 
     _tpu.over_rows(g, j, run)
     if staged_out:
