@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from .._core import backend as _backend
 from .._core import layout as _layout
+from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.jax_private import ShapedArray
 from .._core.primitive import solve_primitive
@@ -47,7 +48,7 @@ def _lowering(platform: str):
     def solve(ab, b, *, l, u, axis, transposed, backend, kind, stored):
         backend = backend or _backend.default_backend(platform, b.dtype, op="banded")
         kernel = _backend.kernels(backend).banded
-        on_tpu = backend in ("pallas_tpu", "pallas_tpu_interpret")
+        on_tpu = backend in _planner.TPU_BACKENDS
         options = {"stored": stored} if on_tpu else {}
 
         def local(ab, b):

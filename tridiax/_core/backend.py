@@ -94,7 +94,7 @@ def unavailable(backend: str, dtype, *, platform: str | None = None, op: str = "
                     f"{activation!r}")
         if not _native_build.available():
             return "the native CPU kernel is unavailable (python -m tridiax --info says why)"
-    if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+    if backend in _planner.TPU_BACKENDS:
         return _tpu_unavailable(backend, dtype, platform=platform, op=op, activation=activation)
     if (backend.startswith("pallas") and jnp.issubdtype(dtype, jnp.complexfloating)
             and activation is not None):
@@ -318,7 +318,7 @@ def kernels(backend: str) -> Kernels:
                         _ignoring_tiling(_mosaic_gpu.recurrence_pnq),
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
-    if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+    if backend in _planner.TPU_BACKENDS:
         return _tpu_kernels(backend, composed)
     if backend not in ("pallas_interpret", "pallas_triton"):
         raise ValueError(f"unknown backend {backend!r}")

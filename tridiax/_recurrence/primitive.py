@@ -81,7 +81,7 @@ def _lowering(platform: str):
         def local_recurrence(a, x, h0, *states, shifted=False, final_only):
             """The sequences one device holds (all of them when unsharded)."""
             operands, along, back = (a, x, h0, *states), axis, lambda h: h
-            if backend in ("pallas_tpu", "pallas_tpu_interpret"):
+            if backend in _planner.TPU_BACKENDS:
                 from .._pallas import tpu as _tpu  # the operands as TPU memory holds them
 
                 operands, along, back = _tpu.in_physical_order(operands, axis, x.dtype)

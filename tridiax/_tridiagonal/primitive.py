@@ -47,8 +47,6 @@ from .._long_systems import partition_method as _partition_method
 from . import cusparse as _cusparse
 from . import periodic as _periodic
 
-_TPU_BACKENDS = ("pallas_tpu", "pallas_tpu_interpret")
-
 
 def _abstract_eval(lower, diag, upper, rhs, *, axis, transposed, backend, kind, block, chunk):
     del transposed, backend, kind, block, chunk
@@ -72,13 +70,13 @@ def _lowering(platform: str):
 
         def local_solve(*operands, axis, kind, transposed=False, ordered=False):
             """The systems one device holds (all of them when unsharded)."""
-            if backend in _TPU_BACKENDS and not ordered:
+            if backend in _planner.TPU_BACKENDS and not ordered:
                 from .._pallas import tpu as _tpu  # the operands as TPU memory holds them
 
                 moved, moved_axis, back = _tpu.in_physical_order(operands, axis, dtype)
                 return back(local_solve(*moved, axis=moved_axis, kind=kind,
                                         transposed=transposed, ordered=True))
-            if kind == "periodic_pivoted" and (backend not in _TPU_BACKENDS or chunk):
+            if kind == "periodic_pivoted" and (backend not in _planner.TPU_BACKENDS or chunk):
                 # Sherman-Morrison around the pivoted kernel (the TPU kernel has the kind)
                 pivoted = functools.partial(local_solve, kind="pivoted", ordered=ordered)
                 return _periodic.solve_pivoted(*operands, axis=axis, transposed=transposed,
