@@ -271,25 +271,44 @@ def test_solveh_not_positive_definite():
         tridiax.solveh_banded(ab, b, check=True)
 
 
-def test_solveh_gradient_counts_both_triangles():
-    n, u = 6, 2
-    rng = np.random.default_rng(0)
-    ab = rng.uniform(-1, 1, (u + 1, n))
-    ab[u] += 6
-    b = rng.standard_normal(n)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("n, u", [(6, 2), (2, 3), (1, 1)])
+def test_solveh_gradient_counts_both_triangles(dtype, lower, n, u):
+    """The stored triangle's gradient (and JVP) against a dense solve of the matrix it stands
+    for: its mirror image conjugated, the diagonal's imaginary part ignored, the entries
+    outside the matrix unused."""
+    rng = np.random.default_rng(n + u)
+    ab = rng.uniform(-1, 1, (u + 1, n)).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        ab = ab + 1j * rng.uniform(-1, 1, (u + 1, n))
+    ab[0 if lower else u] += 6
+    b = rng.standard_normal(n).astype(dtype)
 
     def dense(ab):
-        a = jnp.zeros((n, n))
+        a = jnp.zeros((n, n), dtype)
         for k in range(u + 1):
-            s = u - k
-            for j in range(s, n):
-                a = a.at[j - s, j].set(ab[k, j])
-                a = a.at[j, j - s].set(ab[k, j])
+            s = k if lower else u - k  # ab[k, j] = A[j + s, j] (lower), A[j - s, j] (upper)
+            for j in range(n):
+                i = j + s if lower else j - s
+                if not 0 <= i < n:
+                    continue
+                value = ab[k, j].real.astype(dtype) if s == 0 else ab[k, j]
+                a = a.at[i, j].set(value)
+                if s:
+                    a = a.at[j, i].set(jnp.conj(value))
         return a
 
-    g1 = jax.grad(lambda ab: jnp.sum(jnp.cos(tridiax.solveh_banded(ab, b))))(ab)
-    g2 = jax.grad(lambda ab: jnp.sum(jnp.cos(jnp.linalg.solve(dense(ab), b))))(ab)
-    np.testing.assert_allclose(g1, g2, rtol=1e-9, atol=1e-12)
+    def loss(solve):
+        return lambda ab: jnp.sum(jnp.abs(jnp.cos(solve(ab))) ** 2)
+
+    solveh = lambda ab: tridiax.solveh_banded(ab, b, lower=lower)  # noqa: E731
+    dense_solve = lambda ab: jnp.linalg.solve(dense(ab), b)  # noqa: E731
+    np.testing.assert_allclose(jax.grad(loss(solveh))(ab), jax.grad(loss(dense_solve))(ab),
+                               rtol=1e-9, atol=1e-12)
+    tangent = rng.standard_normal(ab.shape).astype(dtype) * (1 + 1j if ab.dtype.kind == "c" else 1)
+    np.testing.assert_allclose(jax.jvp(solveh, (ab,), (tangent,))[1],
+                               jax.jvp(dense_solve, (ab,), (tangent,))[1], rtol=1e-9, atol=1e-12)
 
 
 def test_errors():

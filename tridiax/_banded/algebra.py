@@ -51,6 +51,37 @@ def matvec(ab: Array, x: Array, *, l: int, u: int, axis: int,
     return functools.reduce(operator.add, terms)
 
 
+def hermitian_matvec(ab: Array, x: Array, *, lower: bool, axis: int,
+                     transposed: bool = False) -> Array:
+    """A @ x (or A^T @ x) along `axis` for the Hermitian A whose upper (or lower) triangle `ab`
+    holds in solveh_banded's layout ((u + 1, ...), broadcasting against `x`), read from the
+    stored bands: each gives its own entries and, conjugated, their mirror images.
+
+    `hermitian_bands` followed by `matvec` gives the same values, but its transpose (reverse
+    mode's cotangent of `ab`) would form all 2u + 1 bands' cotangents and fold them back; here
+    each stored band's cotangent is one product, as `matvec`'s are. Entries of `ab` outside the
+    matrix are never used; the diagonal's imaginary part is ignored."""
+    n, u = x.shape[axis], ab.shape[0] - 1
+    offsets = range(0, u + 1) if lower else range(-u, 1)  # s = i - j of the stored A[i, j]
+    j = np.arange(n)
+    inside = np.stack([(j + s >= 0) & (j + s < n) for s in offsets])
+    ab = jnp.where(inside.reshape((u + 1,) + tuple(n if k == axis else 1 for k in range(x.ndim))), ab, 0)
+    rows = [r.reshape(r.shape[1:]) for r in jnp.split(ab, u + 1, axis=0)]
+    terms = []
+    for k, s in enumerate(offsets):
+        if abs(s) >= n:
+            continue
+        band = broadcast_along(rows[k], axis, n)
+        if s == 0:
+            terms.append((band.real.astype(band.dtype) if jnp.iscomplexobj(band) else band) * x)
+            continue
+        # band[j] = A[j + s, j], its mirror A[j, j + s] = conj(band[j]); A^T = conj(A).
+        entry, mirror = (jnp.conj(band), band) if transposed else (band, jnp.conj(band))
+        terms.append(shift(entry * x, s, axis))
+        terms.append(mirror * shift(x, -s, axis))
+    return functools.reduce(operator.add, terms)
+
+
 def row_sums(ab: Array, shape, *, l: int, u: int, axis: int) -> Array:
     """sum_j |A[i, j]| for every row i, broadcast to `shape` (the inf-norm's row sums)."""
     n = shape[axis]

@@ -12,8 +12,9 @@ all the bands (`algebra.hermitian_bands`), formed where they are solved.
 Differentiation is implicit, as for the tridiagonal solve (`_tridiagonal/primitive.py`):
     d x = A^{-1} (d b - dA x)          (JVP: one more solve with the same bands)
     b_bar = A^{-T} x_bar,  ab_bar[u + i - j, j] = -b_bar[i] x[j]   (transpose of the JVP)
-The JVP's dA x is `algebra.matvec`, plain jnp, so JAX transposes it into that ab_bar
-(zero on the entries of ab outside the matrix); the transposed solve is the same kernel
+The JVP's dA x is `algebra.matvec` (`algebra.hermitian_matvec` on a stored triangle: each
+stored band's cotangent is then one product, not a fold of all 2u + 1), plain jnp, so JAX
+transposes it into that ab_bar (zero on the entries of ab outside the matrix); the transposed solve is the same kernel
 reading the band of A^T. Second order composes from the same rules; the batching rule adds a
 vmapped dimension as one more batch dimension of b (and of ab, after its band axis).
 
@@ -98,8 +99,8 @@ def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind, stored):
     del backend, kind
     (ab_t,) = tangents
     if stored is not None:  # dA is Hermitian too: both triangles move with the stored one
-        ab_t = algebra.hermitian_bands(ab_t, lower=stored == "lower", axis=axis + 1,
-                                       n=x.shape[axis])
+        return -algebra.hermitian_matvec(ab_t, x, lower=stored == "lower", axis=axis,
+                                         transposed=transposed)
     return -algebra.matvec(ab_t, x, l=l, u=u, axis=axis, transposed=transposed)
 
 
