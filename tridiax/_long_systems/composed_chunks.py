@@ -153,12 +153,20 @@ def _as_chunks(s: Array, C: int) -> Array:
     return s.reshape(s.shape[0] // C, C, *s.shape[1:])
 
 
-def _pick(s4: Array, row: int, last_row: int) -> Array:
-    """Row `row` of every chunk of (p, C, m, q) (`last_row` of the last): (p, C, q)."""
-    C = s4.shape[1]
+def _pick(s: Array, C: int, row: int, last_row: int) -> Array:
+    """Row `row` of every chunk of a kernel output (P*C|1, m, q) (`last_row` of the last):
+    (P|1, C, q). Taken by a strided slice of the rows laid end to end: a slice of the
+    (P, C, m, q) view lets XLA lay the kernel's output out with the chunk axis inside the rows,
+    a copy of all of it."""
+    n, m, q = s.shape
+
+    def rows(r):
+        flat = s.reshape(n * m, q)
+        return _as_chunks(lax.slice(flat, (r, 0), (n * m, q), (m, 1))[:, None], C)[:, :, 0]
+
     if row == last_row:
-        return s4[:, :, row]
-    return lax.concatenate([s4[:, : C - 1, row], s4[:, C - 1 :, last_row]], 1)
+        return rows(row)
+    return lax.concatenate([rows(row)[:, : C - 1], rows(last_row)[:, C - 1 :]], 1)
 
 
 def _first_chunk_zero(v: Array, keep: bool) -> Array:
@@ -292,11 +300,10 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
         nb = parts[0].shape[stack]
         y, v1, wn, yr = (lax.slice_in_dim(x, lo, hi, axis=stack) for lo, hi in
                          ((0, nb), (nb, nb + 1), (nb + 1, nb + 2), (nb + 2, nb + 3)))
-    y, v1, wn, yr = (_as_chunks(s, C) for s in (y, v1, wn, yr))
-    y_first, y_last = _pick(y, 0, 0), _pick(y, m - 2, L - 2)
-    v_first, v_last = alpha * _pick(v1, 0, 0), alpha * _pick(v1, m - 2, L - 2)
-    w_first, w_last = omega * _pick(wn, 0, 0), omega * _pick(wn, m - 2, L - 2)
-    yr_first, yr_last = _pick(yr, 0, 0), _pick(yr, m - 2, L - 2)
+    y_first, y_last = _pick(y, C, 0, 0), _pick(y, C, m - 2, L - 2)
+    v_first, v_last = alpha * _pick(v1, C, 0, 0), alpha * _pick(v1, C, m - 2, L - 2)
+    w_first, w_last = omega * _pick(wn, C, 0, 0), omega * _pick(wn, C, m - 2, L - 2)
+    yr_first, yr_last = _pick(yr, C, 0, 0), _pick(yr, C, m - 2, L - 2)
     one = jnp.ones((), dtype)
     mag, margin = magnitude, SUMS_MARGIN
     out = (-sub_n * v_last, d_n - sub_n * w_last, (sub_n + d_n) - sub_n * yr_last,
