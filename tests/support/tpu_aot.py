@@ -29,6 +29,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import pathlib
 import re
@@ -73,7 +74,9 @@ class Kernel:
 class CaseReport:
     """What one function compiled to for a device of `device_kind` ("TPU v5 lite"), or the
     error its compilation raised. `bytes_accessed`:
-    XLA's cost analysis of the whole program (the sum of its per-operand and output counts);
+    XLA's cost analysis of the whole program (the sum of its per-operand and output counts),
+    which counts arrays XLA keeps in VMEM between kernels as it counts those in HBM;
+    `hbm_bytes`: only what moves through HBM (`read_program`);
     `whiles`: XLA while loops anywhere in it; `others`: opcodes of its other top-level
     instructions (fusions, copies; bitcasts and parameters left out)."""
 
@@ -84,6 +87,7 @@ class CaseReport:
     bytes_accessed: float
     compile_seconds: float
     error: str | None = None
+    hbm_bytes: int = 0
 
 
 def requirement() -> str:
@@ -156,7 +160,8 @@ def compile_reports(cases: Mapping[str, tuple[str, Sequence[Spec]]], *, topology
             raise RuntimeError(f"tpu_aot worker failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}")
         results = json.loads(result_file.read_text())
     return {name: CaseReport(tuple(Kernel(**k) for k in r["kernels"]), r["device_kind"], r["whiles"],
-                             tuple(r["others"]), r["bytes_accessed"], r["compile_seconds"], r["error"])
+                             tuple(r["others"]), r["bytes_accessed"], r["compile_seconds"], r["error"],
+                             r["hbm_bytes"])
             for name, r in results.items()}
 
 
@@ -174,14 +179,17 @@ _USED_VMEM = re.compile(r'"used_scoped_memory_configs":\[\{"memory_space":"1","o
 _VMEM_LIMIT = re.compile(r'"scoped_memory_configs":\[\{"memory_space":"1","offset":"(\d+)","size":"(\d+)"')
 
 
-def padded_bytes(shape: str) -> int:
-    """HBM bytes of an HLO shape with its TPU layout: every tiled dimension padded to its tile
-    (the last two dimensions of an (8, 128) tile, say); a tuple's arrays summed."""
+def padded_bytes(shape: str, *, hbm_only: bool = False) -> int:
+    """Bytes of an HLO shape with its TPU layout: every tiled dimension padded to its tile
+    (the last two dimensions of an (8, 128) tile, say); a tuple's arrays summed. `hbm_only`:
+    only the arrays in HBM, not those XLA placed in another memory space (`S(1)`: VMEM)."""
     total = 0
     for m in _SHAPE.finditer(shape):
         dims = [int(d) for d in filter(None, m["dims"].split(","))]
         layout = m["layout"] or ""
         order, _, tiling = layout.partition(":")
+        if hbm_only and re.search(r"S\([1-9]\d*\)", tiling):
+            continue
         minor_to_major = [int(d) for d in filter(None, order.split(","))] or list(range(len(dims)))[::-1]
         tile = re.search(r"T\(([\d,]+)\)", tiling)
         padded = list(dims)
@@ -200,11 +208,13 @@ def read_program(hlo: str) -> dict:
     """The kernels, while loops and other top-level instructions of a compiled module's text."""
     entry = hlo[hlo.index("\nENTRY "):] if "\nENTRY " in hlo else hlo
     shapes = {m["name"]: m["shape"] for line in hlo.splitlines() if (m := _INSTRUCTION.match(line))}
-    kernels, others = [], []
+    reads = _partial_reads(hlo)
+    kernels, others, hbm = [], [], 0
     for line in entry.splitlines():
         m = _INSTRUCTION.match(line)
         if m is None or m["opcode"] in ("parameter", "bitcast", "tuple", "get-tuple-element", "constant"):
             continue
+        hbm += _hbm_traffic(m, shapes, reads)
         if m["opcode"] == "custom-call" and f'custom_call_target="{TPU_CALL}"' in line:
             used, limit = _USED_VMEM.search(line), _VMEM_LIMIT.search(line)
             operands = re.findall(r"%([\w.\-]+)", m["operands"])
@@ -220,7 +230,90 @@ def read_program(hlo: str) -> dict:
     for _ in range(nested):
         kernels.append({"name": "nested", "vmem_bytes": 0, "vmem_limit_bytes": 0,
                         "operand_bytes": 0, "result_bytes": 0})
-    return {"kernels": kernels, "whiles": len(re.findall(r"\bwhile\(", hlo)), "others": others}
+    return {"kernels": kernels, "whiles": len(re.findall(r"\bwhile\(", hlo)), "others": others,
+            "hbm_bytes": hbm}
+
+
+# Instructions that read only part of their first operand: their result's bytes of it.
+_PARTIAL = ("slice", "dynamic-slice", "gather")
+_COMPUTATION = re.compile(r"^%(?P<name>[\w.\-]+) \(.*\{\s*$")
+
+
+def _partial_reads(hlo: str) -> dict[str, dict[int, int]]:
+    """For each computation, the parameters it reads only through slices and gathers (seen
+    through bitcasts): {computation: {parameter number: bytes those read}}."""
+    found, name, body = {}, None, []
+    for line in hlo.splitlines() + ["}"]:
+        if (m := _COMPUTATION.match(line)) is not None:
+            name, body = m["name"], []
+        elif line.startswith("}") and name is not None:
+            found[name] = _sliced_parameters(body)
+            name = None
+        elif name is not None and (m := _INSTRUCTION.match(line)) is not None:
+            body.append(m)
+    return found
+
+
+def _sliced_parameters(body) -> dict[int, int]:
+    """The parameters of one computation (its instructions, `body`) read only as the first
+    operand of slices and gathers, through bitcasts: {parameter number: the bytes they read}."""
+    users: dict[str, list] = {}
+    for m in body:
+        for k, operand in enumerate(_operands(m)):
+            users.setdefault(operand, []).append((m, k))
+    sliced = {}
+    for m in body:
+        if m["opcode"] != "parameter":
+            continue
+        total: int | None = 0
+        frontier = [m["name"]]
+        while frontier and total is not None:
+            for user, k in users.get(frontier.pop(), []):
+                if user["opcode"] == "bitcast":
+                    frontier.append(user["name"])
+                elif user["opcode"] in _PARTIAL and k == 0:
+                    total += padded_bytes(_in_any_memory(user["shape"]))
+                else:
+                    total = None
+                    break
+        if total:
+            sliced[int(m["operands"])] = total
+    return sliced
+
+
+def _operands(instruction: re.Match) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", instruction["operands"])
+
+
+def _in_any_memory(shape: str) -> str:
+    """The shape with its memory-space annotations dropped (its bytes wherever it lies)."""
+    return re.sub(r"S\(\d+\)", "", shape)
+
+
+def _hbm_traffic(instruction: re.Match, shapes: Mapping[str, str],
+                 reads: Mapping[str, Mapping[int, int]]) -> int:
+    """HBM bytes one top-level instruction moves: its operands read from HBM and its results
+    written there; what stays in VMEM (`S(1)`) moves none. A slice or gather reads its
+    result's bytes of its operand, and so does a fusion of an operand it only slices (`reads`).
+    An asynchronous copy's start reads its source and writes its destination (its result's
+    first array), its done moves nothing; a dynamic-update-slice, which XLA runs in place,
+    reads and writes its update. An upper bound: other partial reads count whole."""
+    opcode = instruction["opcode"]
+    if opcode.endswith("-done"):
+        return 0
+    operands = _operands(instruction)
+    if opcode == "dynamic-update-slice":
+        return 2 * padded_bytes(shapes.get(operands[1], ""), hbm_only=True)
+    called = re.search(r"calls=%([\w.\-]+)", instruction["rest"])
+    partial = dict(reads.get(called[1], {})) if opcode == "fusion" and called else {}
+    if opcode in _PARTIAL:
+        partial[0] = padded_bytes(_in_any_memory(instruction["shape"]))
+    read = sum(min(partial.get(i, math.inf), padded_bytes(shapes.get(o, ""), hbm_only=True))
+               for i, o in enumerate(operands))
+    result = instruction["shape"]
+    if opcode.endswith("-start"):
+        result = _SHAPE.search(result)[0] if _SHAPE.search(result) else ""
+    return int(read) + padded_bytes(result, hbm_only=True)
 
 
 def bytes_accessed(cost: dict) -> float:
@@ -258,7 +351,7 @@ def _compile_case(case: dict, devices) -> dict:
     except Exception:
         import traceback
 
-        return {"kernels": [], "whiles": 0, "others": [], "bytes_accessed": 0.0,
+        return {"kernels": [], "whiles": 0, "others": [], "bytes_accessed": 0.0, "hbm_bytes": 0,
                 "compile_seconds": time.perf_counter() - start, "error": traceback.format_exc()[-6000:]}
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis()

@@ -41,8 +41,9 @@ layouts) are broadcast to the full shape first, at the cost of the bytes that wr
 
 Half-precision operands are converted to float32 in VMEM (staged like a transposed layout's
 operands): a packed bf16 row cannot be loaded at a dynamic row. Complex64 operands are passed
-as their float32 real and imaginary parts (`parts_of`: a TPU stores a complex64 array as those
-two planes) and read as `SplitComplex` tiles (`SplitRows`).
+as their float32 real and imaginary parts (`parts_of`; XLA takes a complex64 array apart, and
+puts the results together, with copies of its own) and read as `SplitComplex` tiles
+(`SplitRows`).
 Float64 and complex128 are not taken (`_core/backend.py` says why and runs XLA's loop instead).
 
 HBM layouts: XLA stores an array on a TPU in the dimension order that pads its tiles least
@@ -422,8 +423,9 @@ def split_dtype(dtype) -> tuple[int, jnp.dtype]:
 
 def parts_of(x, complex_: bool):
     """The real arrays a kernel takes for `x`: its real and imaginary parts when the call is
-    complex (a real `x` gets zeros), else `x` itself. A TPU stores a complex64 array as its two
-    float32 parts, so taking them apart moves nothing."""
+    complex (a real `x` gets zeros), else `x` itself. XLA's TPU backend splits a complex64
+    array with copies (X64SplitLow/High custom calls, each given a buffer of its own), so a
+    complex operand is read, written as its two parts and read again by the kernel."""
     if not complex_:
         return (x,)
     return tuple(part(x).astype(jnp.float32) for part in (jnp.real, jnp.imag))
