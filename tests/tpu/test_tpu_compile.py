@@ -123,124 +123,131 @@ def _factors(factorization):
     return factorization.lower_factor, factorization.inverse_pivots, factorization.upper_factor
 
 
-# name: (function, argument specs, kernels it must compile to, held: its program's HBM bytes
-# within FLOOR_FACTOR of the floor; a gradient's ("grad-") floor is the adjoint's, `_floor`)
+# name: (function, argument specs, kernels it must compile to, held to the floor (within
+# FLOOR_FACTOR): "program", its program's HBM bytes (a gradient's ("grad-") floor is the
+# adjoint's too, `_floor`); "kernels", each kernel's operands and result; None, neither)
 ENTRY_POINTS = {
     # batch-first, stored row-major: transposed on chip by "transposed" row tiles
-    "solve-batch-first-f32": (_solve(-1), [((4096, 1024), "float32")] * 4, 1, True),
+    "solve-batch-first-f32": (_solve(-1), [((4096, 1024), "float32")] * 4, 1, "program"),
     # batch-first systems of 1000 rows, which the TPU stores column-major (1000 rows of 4096
     # values pad least): read by lanes, with no transpose anywhere
-    "solve-batch-first-column-major-f32": (_solve(-1), [((4096, 1000), "float32")] * 4, 1, True),
+    "solve-batch-first-column-major-f32": (_solve(-1), [((4096, 1000), "float32")] * 4, 1, "program"),
     # ragged batch-first systems stored row-major (bf16 tiles of 16 rows): transposed on chip,
     # blocks overhanging both dimensions
-    "solve-batch-first-ragged-bf16": (_solve(-1), [((1030, 999), "bfloat16")] * 4, 1, True),
-    "solve-columns-f32": (_solve(0), [((1000, 4096), "float32")] * 4, 1, True),
-    "solve-middle-axis-bf16": (_solve(1), [((8, 1000, 512), "bfloat16")] * 4, 1, True),
-    "solve-one-matrix-f32": (_solve(0), [((1000, 1), "float32")] * 3 + [((1000, 4096), "float32")], 1, True),
+    "solve-batch-first-ragged-bf16": (_solve(-1), [((1030, 999), "bfloat16")] * 4, 1, "program"),
+    "solve-columns-f32": (_solve(0), [((1000, 4096), "float32")] * 4, 1, "program"),
+    "solve-middle-axis-bf16": (_solve(1), [((8, 1000, 512), "bfloat16")] * 4, 1, "program"),
+    "solve-one-matrix-f32": (_solve(0), [((1000, 1), "float32")] * 3 + [((1000, 4096), "float32")], 1, "program"),
     # long systems: row tiles of fewer sublanes keep their eliminated rows in VMEM
-    "solve-long-f32": (_solve(0), [((20000, 1024), "float32")] * 4, 1, True),
-    "grad-solve-f32": (_grad(_solve(-1), (0, 1, 2, 3)), [((4096, 1024), "float32")] * 4, 2, True),
+    "solve-long-f32": (_solve(0), [((20000, 1024), "float32")] * 4, 1, "program"),
+    "grad-solve-f32": (_grad(_solve(-1), (0, 1, 2, 3)), [((4096, 1024), "float32")] * 4, 2, "program"),
     # the other kinds: one kernel each, the periodic corners and the split read in the kernel
-    "solve-pivoted-f32": (_solve(0, pivoting=True), [((1000, 4096), "float32")] * 4, 1, True),
+    "solve-pivoted-f32": (_solve(0, pivoting=True), [((1000, 4096), "float32")] * 4, 1, "program"),
     "solve-pivoted-batch-first-ragged-bf16": (_solve(-1, pivoting=True),
-                                              [((1030, 999), "bfloat16")] * 4, 1, True),
+                                              [((1030, 999), "bfloat16")] * 4, 1, "program"),
     "solve-periodic-middle-axis-bf16": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=1),
-                                        [((8, 1000, 512), "bfloat16")] * 4, 1, True),
+                                        [((8, 1000, 512), "bfloat16")] * 4, 1, "program"),
     "solve-periodic-pivoted-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0, pivoting=True),
-                                   [((1000, 4096), "float32")] * 4, 1, True),
+                                   [((1000, 4096), "float32")] * 4, 1, "program"),
     "grad-periodic-f32": (_grad(lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=-1), (0, 1, 2, 3)),
-                          [((4096, 1024), "float32")] * 4, 2, True),
+                          [((4096, 1024), "float32")] * 4, 2, "program"),
     "factor-f32": (lambda *a: _factors(tridiax.TDMA().factor(tridiax.Tridiagonal(*a, axis=0))),
-                   [((1000, 4096), "float32")] * 3, 1, True),
+                   [((1000, 4096), "float32")] * 3, 1, "program"),
     # factoring and solving in one program (the factors stay in VMEM between the kernels); then
 # a solve with given factors, the operation a
     # factorization is for (the bands a factorization keeps for derivatives are unread here:
     # the factors stand in for them, so the floor counts each array once)
     "factor-and-solve-f32": (lambda *a: tridiax.TDMA().factor(tridiax.Tridiagonal(*a[:3], axis=0)).solve(a[3]),
-                             [((1000, 4096), "float32")] * 4, 2, True),
+                             [((1000, 4096), "float32")] * 4, 2, "program"),
     "factored-solve-f32": (lambda l, m, c, d: tridiax.TridiagonalFactorization(
-        l, m, c, l, m, c, None, None, axis=0, band_shape=l.shape).solve(d), [((1000, 4096), "float32")] * 4, 1, True),
-    "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, True),
+        l, m, c, l, m, c, None, None, axis=0, band_shape=l.shape).solve(d),
+                           [((1000, 4096), "float32")] * 4, 1, "program"),
+    "grad-solve-columns-bf16": (_grad(_solve(0), (0, 1, 2, 3)), [((1000, 4096), "bfloat16")] * 4, 2, "program"),
     # banded solves: the bands in scipy's layout, one kernel reading each band once
     "banded-pivoted-f32": (lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0),
-                           [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, True),
+                           [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, "program"),
     "banded-one-matrix-f32": (lambda ab, b: tridiax.solve_banded((2, 1), ab, b, axis=0),
-                              [((4, 1000, 1), "float32"), ((1000, 4096), "float32")], 1, True),
+                              [((4, 1000, 1), "float32"), ((1000, 4096), "float32")], 1, "program"),
     "banded-batch-first-column-major-bf16": (lambda ab, b: tridiax.solve_banded((1, 3), ab, b, axis=-1),
                                              [((5, 4096, 1000), "bfloat16"), ((4096, 1000), "bfloat16")],
-                                             1, True),
+                                             1, "program"),
     "banded-middle-axis-f32": (lambda ab, b: tridiax.solve_banded((1, 1), ab, b, axis=1),
-                               [((3, 8, 1000, 512), "float32"), ((8, 1000, 512), "float32")], 1, True),
+                               [((3, 8, 1000, 512), "float32"), ((8, 1000, 512), "float32")], 1, "program"),
     "grad-banded-f32": (_grad(lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0), (0, 1)),
-                        [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, True),
+                        [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, "program"),
     # solveh_banded: the kernel reads the other triangle's entries from the stored one
     "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
-                          [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, True),
+                          [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, "program"),
     "solveh-banded-lower-batch-first-bf16": (lambda ab, b: tridiax.solveh_banded(ab, b, lower=True, axis=-1),
                                              [((3, 4096, 1000), "bfloat16"), ((4096, 1000), "bfloat16")],
-                                             1, True),
+                                             1, "program"),
     "grad-solveh-banded-f32": (_grad(lambda ab, b: tridiax.solveh_banded(ab, b, axis=0), (0, 1)),
-                               [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, True),
+                               [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, "program"),
     "banded-complex64": (lambda ab, b: tridiax.solve_banded((1, 2), ab, b, axis=0),
-                         [((4, 1000, 4096), "complex64"), ((1000, 4096), "complex64")], 1, False),
+                         [((4, 1000, 4096), "complex64"), ((1000, 4096), "complex64")], 1, "kernels"),
     "solveh-banded-lower-complex64-middle-axis": (lambda ab, b: tridiax.solveh_banded(ab, b, lower=True, axis=1),
                                                   [((2, 8, 1000, 512), "complex64"),
-                                                   ((8, 1000, 512), "complex64")], 1, False),
+                                                   ((8, 1000, 512), "complex64")], 1, "kernels"),
     # complex64: the kernels take the float32 real and imaginary parts. XLA splits each
     # complex64 operand into them with copies of its own (X64SplitLow/High custom calls, given
     # buffers of their own), 2.3-3x the floor in all: not held; each kernel moves its operands once
-    "solve-complex64": (_solve(0), [((1000, 4096), "complex64")] * 4, 1, False),
+    "solve-complex64": (_solve(0), [((1000, 4096), "complex64")] * 4, 1, "kernels"),
     "solve-periodic-pivoted-complex64-middle-axis": (
         lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=1, pivoting=True),
-        [((8, 1000, 512), "complex64")] * 4, 1, False),
+        [((8, 1000, 512), "complex64")] * 4, 1, "kernels"),
     "grad-solve-complex64": (_grad(lambda *a: jnp.abs(_solve(-1)(*a)), (0, 1, 2, 3)),
-                             [((4096, 1024), "complex64")] * 4, 2, False),
+                             [((4096, 1024), "complex64")] * 4, 2, "kernels"),
     # an LRU's complex diagonal recurrence, and its gradient (the reversed recurrence)
     "recurrence-complex64": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "complex64")] * 2,
-                             1, False),
+                             1, "kernels"),
     "grad-recurrence-complex64": (_grad(lambda a, x: jnp.abs(tridiax.linear_recurrence(a, x)), (0, 1)),
-                                  [((1000, 4096), "complex64")] * 2, 2, False),
+                                  [((1000, 4096), "complex64")] * 2, 2, "kernels"),
     # block-tridiagonal solves: each operand read in the order a TPU stores it, the entries
     # of a power-of-two block inside its rows ((k, 128) tiles), of other blocks outside them
-    "block-columns-f32": (_block(0), _block_specs((1000, 4096), 2, "float32"), 1, True),
-    "block-batch-first-f32": (_block(-1), _block_specs((4096, 1000), 2, "float32"), 1, True),
-    "block-middle-axis-k3-f32": (_block(1), _block_specs((8, 1000, 512), 3, "float32"), 1, True),
-    "block-middle-axis-bf16": (_block(1), _block_specs((8, 1000, 512), 4, "bfloat16"), 1, True),
-    "block-columns-k3-bf16": (_block(0), _block_specs((1000, 4096), 3, "bfloat16"), 1, True),
+    "block-columns-f32": (_block(0), _block_specs((1000, 4096), 2, "float32"), 1, "program"),
+    "block-batch-first-f32": (_block(-1), _block_specs((4096, 1000), 2, "float32"), 1, "program"),
+    "block-middle-axis-k3-f32": (_block(1), _block_specs((8, 1000, 512), 3, "float32"), 1, "program"),
+    "block-middle-axis-bf16": (_block(1), _block_specs((8, 1000, 512), 4, "bfloat16"), 1, "program"),
+    "block-columns-k3-bf16": (_block(0), _block_specs((1000, 4096), 3, "bfloat16"), 1, "program"),
     # one matrix (N, k, k) for every batch-first system: SMEM scalars
     "block-one-matrix-f32": (_block(-1), [((1000, 2, 2), "float32")] * 3 + [((4096, 1000, 2), "float32")],
-                             1, True),
+                             1, "program"),
     "block-k8-rhs-matrix-f32": (_block(0), [((500, 2048, 8, 8), "float32")] * 3
-                                + [((500, 2048, 8, 3), "float32")], 1, True),
+                                + [((500, 2048, 8, 3), "float32")], 1, "program"),
     # a Hermitian matrix's upper blocks read from its lower ones in the kernel: not formed by XLA
     # (complex64 split by XLA, as above)
     "solveh-block-batch-first-k3-bf16": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=-1),
-                                         _block_specs((4096, 1000), 3, "bfloat16")[1:], 1, True),
-    "block-complex64": (_block(0), _block_specs((1000, 4096), 2, "complex64"), 1, False),
+                                         _block_specs((4096, 1000), 3, "bfloat16")[1:], 1, "program"),
+    "block-complex64": (_block(0), _block_specs((1000, 4096), 2, "complex64"), 1, "kernels"),
     "solveh-block-complex64-k3": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=1),
-                                  _block_specs((4, 1000, 512), 3, "complex64")[1:], 1, False),
-    "grad-block-f32": (_grad(_block(0), (0, 1, 2, 3)), _block_specs((1000, 4096), 2, "float32"), 2, True),
+                                  _block_specs((4, 1000, 512), 3, "complex64")[1:], 1, "kernels"),
+    "grad-block-f32": (_grad(_block(0), (0, 1, 2, 3)), _block_specs((1000, 4096), 2, "float32"), 2, "program"),
     # too long for VMEM: the partition method composed around the kernel (five sweeps, each
     # writing every row: 6x the floor, not held to it), no XLA loop
-    "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 6, False),
+    "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 6, "kernels"),
+    # few long systems narrower than 128 lanes, too long for VMEM: the work rows streamed
+    # through HBM in two kernels (1.8x the floor; periodic: z too, and x = y - f z by XLA)
+    "solve-long-narrow-f32": (_solve(0), [((1000000, 64), "float32")] * 4, 2, None),
+    "solve-periodic-long-narrow-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
+                                       [((1000000, 64), "float32")] * 4, 2, None),
     # few long sequences: chunked for lanes
     "recurrence-few-long-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=0),
-                                [((100000, 128), "float32")] * 2, 3, False),
-    "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, True),
+                                [((100000, 128), "float32")] * 2, 3, "kernels"),
+    "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, "program"),
     "recurrence-batch-first-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
-                                    [((4096, 1024), "bfloat16")] * 2, 1, True),
+                                    [((4096, 1024), "bfloat16")] * 2, 1, "program"),
     "recurrence-batch-first-column-major-bf16": (lambda a, x: tridiax.linear_recurrence(a, x, axis=-1),
-                                                 [((4096, 1000), "bfloat16")] * 2, 1, True),
+                                                 [((4096, 1000), "bfloat16")] * 2, 1, "program"),
     "recurrence-decay-per-feature-f32": (lambda a, x: tridiax.linear_recurrence(a, x),
-                                         [((4096,), "float32"), ((1000, 4096), "float32")], 1, True),
+                                         [((4096,), "float32"), ((1000, 4096), "float32")], 1, "program"),
     "recurrence-final-state-f32": (lambda a, x: tridiax.linear_recurrence(a, x, final_only=True),
-                                   [((1000, 4096), "float32")] * 2, 1, True),
+                                   [((1000, 4096), "float32")] * 2, 1, "program"),
     "indrnn-relu-bf16": (lambda w, z: tridiax.indrnn(w, z, axis=1),
-                         [((1024,), "bfloat16"), ((8, 1000, 1024), "bfloat16")], 1, True),
+                         [((1024,), "bfloat16"), ((8, 1000, 1024), "bfloat16")], 1, "program"),
     "grad-recurrence-f32": (_grad(lambda a, x: tridiax.linear_recurrence(a, x), (0, 1)),
-                            [((1000, 4096), "float32")] * 2, 2, True),
+                            [((1000, 4096), "float32")] * 2, 2, "program"),
     "grad-indrnn-tanh-f32": (_grad(functools.partial(tridiax.indrnn, activation=jnp.tanh), (0, 1)),
-                             [((4096,), "float32"), ((1000, 4096), "float32")], 2, True),
+                             [((4096,), "float32"), ((1000, 4096), "float32")], 2, "program"),
 }
 
 
@@ -262,8 +269,8 @@ def _floor(name) -> int:
 
 def _problems(name, report, *, program_bytes=True):
     """What is wrong with one compiled entry point. `program_bytes`: hold the whole program's
-    HBM bytes to the floor (the entry points marked held), else only each kernel's operands
-    and result (where XLA prefetches whole operands into VMEM before a kernel that is the
+    HBM bytes to the floor (the entry points held so), else only each kernel's operands and
+    result (where XLA prefetches whole operands into VMEM before a kernel that is the
     whole program, as it does on 7x, the prefetch counts twice)."""
     _, specs, kernels, held = ENTRY_POINTS[name]
     if report.error:
@@ -283,10 +290,10 @@ def _problems(name, report, *, program_bytes=True):
             problems.append(f"{name}: {k.name} runs under {k.vmem_limit_bytes} B of scoped VMEM, "
                             f"not {vmem.limit}")
     floor = _floor(name)
-    if held and program_bytes and report.hbm_bytes > FLOOR_FACTOR * floor:
+    if held == "program" and program_bytes and report.hbm_bytes > FLOOR_FACTOR * floor:
         problems.append(f"{name}: {report.hbm_bytes:.4g} B through HBM, floor {floor:.4g}")
-    if not name.startswith("grad-") and any(k.operand_bytes + k.result_bytes > FLOOR_FACTOR * floor
-                                            for k in report.kernels):
+    if held and not name.startswith("grad-") and any(k.operand_bytes + k.result_bytes > FLOOR_FACTOR * floor
+                                                     for k in report.kernels):
         problems.append(f"{name}: a kernel moves more than {FLOOR_FACTOR} x {floor} B")
     return problems
 

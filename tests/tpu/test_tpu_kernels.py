@@ -403,6 +403,10 @@ STREAMED_CASES = [
     ("thomas", "sublanes", 9, 300, 3, C64, True, 2 << 20),
     ("factored", "lanes", 2, 900, 129, F32, False, 3 << 19),
     ("factored", "transposed", 5, 900, 1, BF16, True, 3 << 19),
+    ("periodic", "lanes", 1, 900, 130, F32, True, 3 << 19),
+    ("periodic", "transposed", 3, 901, 1, BF16, False, 3 << 19),
+    ("periodic", "sublanes", 9, 300, 3, C64, False, 2 << 20),
+    ("periodic", "transposed", 2, 700, 1, C64, True, 4 << 20),
 ]
 
 
@@ -411,7 +415,8 @@ STREAMED_CASES = [
 def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
     """Unpivoted solves too long for VMEM run two kernels (the forward sweep writing c' and y'
     to HBM, the back substitution reading them), not XLA's loop: against the NumPy sweep (the
-    complex case against complex128), factored solves with the kernel's factors."""
+    complex case against complex128), factored solves with the kernel's factors, periodic
+    ones (z' streamed too, x = y - f z formed after) as accurate as the periodic sweep."""
     kind, layout, P, N, Q, dtype, transposed, budget = case
     assert _tpu.choose_layout(P, Q) == layout
     monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
@@ -423,6 +428,19 @@ def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
     monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
     rng = np.random.default_rng(N + P)
     params = _tpu.interpret_params()
+    if kind == "periodic":
+        if dtype == C64:
+            bands = [_complex(rng, (P, N, Q)) for _ in range(4)]
+            bands[1] = bands[1] + 3
+        else:
+            bands = list(_bands(rng, [(P, N, Q)] * 4, dtype))
+            bands[0] = bands[0].at[:, 0].set(_draw(rng, (P, Q), dtype))  # the corners are read
+            bands[2] = bands[2].at[:, -1].set(_draw(rng, (P, Q), dtype))
+        x = tpu_thomas.solve_pnq(*bands, transposed=transposed, out_dtype=dtype, kind=kind,
+                                 interpret=params)
+        assert x.shape == (P, N, Q) and x.dtype == dtype
+        _as_accurate_as_the_sweep(x, bands, kind=kind, transposed=transposed, dtype=dtype)
+        return
     if dtype == C64:
         lower, diag, upper, rhs = (_complex(rng, (P, N, Q)) for _ in range(4))
         diag = diag + 3

@@ -40,9 +40,9 @@ grows (`_tpu.geometry`; a float32 "thomas" solve in v5e's and v6e's 48 MiB budge
 up to about 5400 rows, then 4, 2 and 1, up to about 48000 rows; in the 12 MiB a chip not known
 gets, 8 sublanes up to about 760 rows, 1 up to 11500; "pivoted" half as long). Longer systems
 are split into chunks by the planner (`fits`) where their batch fills lanes; otherwise the
-unpivoted, non-periodic kinds (`STREAMED_KINDS`) run in two launches whose work rows go through
-HBM (`_streamed_solve`: the forward sweep writes c' and y', the back substitution reads them,
-1.8 times the floor's bytes, no VMEM-sized scratch), and the other kinds run XLA's loop.
+unpivoted kinds (`STREAMED_KINDS`) run in two launches whose work rows go through HBM
+(`_streamed_solve`: the forward sweep writes c' and y' (and z'), the back substitution reads
+them, no VMEM-sized scratch), and the pivoted kinds run XLA's loop.
 
 Complex64 systems are solved as their float32 real and imaginary parts (`_pallas/tpu.py`,
 `parts_of`): every operand, output, scratch and carried tile comes in two parts, the rows are
@@ -175,17 +175,18 @@ def _pivoted_last_rows(g, kind, transposed, work, carry, start):
         rows.store(g.N - 1 - start, value)
 
 
-def _substitution_row(work, out):
+def _substitution_row(work, outs):
     """The unpivoted kinds' back substitution at row i, x[i] = v[i] - c'[i]*x[i+1] for each
-    right-hand side v (`work`: c' stored one row down, then the v's), x stored in `out` (None:
-    in place of v); the carry is (x[i+1] of each, c'[i])."""
+    right-hand side v (`work`: c' stored one row down, then the v's), each x stored in its
+    `outs` (None: in place of v); the carry is (x[i+1] of each, c'[i])."""
     cs, *vectors = work
+    sinks = vectors if outs is None else outs
 
     def row(i, carry):
         *after, c_next = carry
         for n, v in enumerate(vectors):
             after[n] = v.load(i) - c_next * after[n]
-            (v if out is None else out).store(i, after[n])
+            sinks[n].store(i, after[n])
         return (*after, cs.load(i))
 
     return row, vectors
@@ -303,7 +304,7 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
                         after += [x, x1]
                     return tuple(after)
             else:
-                row, vectors = _substitution_row(work, out)
+                row, vectors = _substitution_row(work, None if out is None else [out])
             rhs = len(vectors)
             carry = load_carry(2 * rhs if _pivoting(kind) else rhs + 1)
             store_carry(_tpu.loop(count, row, carry, reverse=True))
@@ -343,18 +344,20 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
 
 
 # ---------------------------------------------------------------------------------------------
-# Systems too long for VMEM, unpivoted and not periodic: the work rows streamed through HBM.
+# Systems too long for VMEM, unpivoted: the work rows streamed through HBM.
 
-STREAMED_KINDS = ("thomas", "factored")
+STREAMED_KINDS = ("thomas", "factored", "periodic")
 
 
 def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
-    """The forward sweep, writing each row's work values (c' one row down, y') to two float32
-    outputs. Refs: the bands' blocks, the work outputs' blocks, the carry, the stages of staged
-    operands, then of the work outputs (`staged_work`); each in its `parts`."""
+    """The forward sweep, writing each row's work values (`_WORK[kind]` of them: c' one row
+    down, y', and z' for periodic systems) to float32 outputs. Refs: the bands' blocks, the
+    work outputs' blocks, the carry, the stages of staged operands, then of the work outputs
+    (`staged_work`); each in its `parts`."""
+    n_work = _WORK[kind] * parts
     band_refs, refs = refs[:4 * parts], refs[4 * parts:]
-    work_refs, (carry_ref, *stages) = refs[:2 * parts], refs[2 * parts:]
-    out_stages = stages[len(stages) - 2 * parts:] if staged_work else []
+    work_refs, (carry_ref, *stages) = refs[:n_work], refs[n_work:]
+    out_stages = stages[len(stages) - n_work:] if staged_work else []
     stages = stages[:len(stages) - len(out_stages)]
     j = pl.program_id(2)
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
@@ -383,55 +386,63 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
         _tpu.stage_out_parts(g, sink, work_refs[n * parts:(n + 1) * parts])
 
 
-def _streamed_backward(*refs, g, parts, staged_work, staged_out):
-    """The back substitution from the work outputs, last chunk first. Refs: the work values'
-    blocks, x's blocks, the carry, the stages of the work values (`staged_work`) and of x
-    (`staged_out`); each in its `parts`."""
-    work_refs, refs = refs[:2 * parts], refs[2 * parts:]
-    x_refs, (carry_ref, *stages) = refs[:parts], refs[parts:]
-    out_stages = stages[len(stages) - parts:] if staged_out else []
+def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out):
+    """The back substitution from the `n_work` work outputs (c', then a right-hand side's
+    each), last chunk first, writing one solution per right-hand side. Refs: the work
+    values' blocks, the solutions' blocks, the carry, the stages of the work values
+    (`staged_work`) and of the solutions (`staged_out`); each in its `parts`."""
+    rhs = n_work - 1
+    work_refs, refs = refs[:n_work * parts], refs[n_work * parts:]
+    x_refs, (carry_ref, *stages) = refs[:rhs * parts], refs[rhs * parts:]
+    out_stages = stages[len(stages) - rhs * parts:] if staged_out else []
     stages = stages[:len(stages) - len(out_stages)]
     k = pl.program_id(2)
     j = g.chunks - 1 - k
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
-    work = io.readers([_tpu.Operand("rows", staged=staged_work)] * 2, work_refs, stages)
-    out = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
-           else io.rows_of(x_refs))[0]
+    work = io.readers([_tpu.Operand("rows", staged=staged_work)] * n_work, work_refs, stages)
+    outs = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
+            else io.rows_of(x_refs))
 
     @pl.when(k == 0)
     def _():
-        carry.store([jnp.zeros(g.tile, jnp.float32)] * 2)
+        carry.store([jnp.zeros(g.tile, jnp.float32)] * n_work)
 
     def run(count):
-        row, _ = _substitution_row(work, out)
-        carry.store(_tpu.loop(count, row, carry.load(2), reverse=True))
+        row, _ = _substitution_row(work, outs)
+        carry.store(_tpu.loop(count, row, carry.load(n_work), reverse=True))
 
     _tpu.over_rows(g, j, run)
-    if staged_out:
-        _tpu.stage_out_parts(g, out, x_refs)
+    for n, out in enumerate(outs if staged_out else ()):
+        _tpu.stage_out_parts(g, out, x_refs[n * parts:(n + 1) * parts])
 
 
 def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpret):
     """A solve of systems too long for VMEM in two launches: the forward sweep writes its work
-    values to HBM (two float32 arrays), the back substitution reads them, last chunk first. The
-    operands are read once and x written once, as by the one-launch kernel; the work values
-    cost four more passes over a float32 array."""
+    values to HBM (`_WORK[kind]` float32 arrays), the back substitution reads them, last chunk
+    first. The operands are read once and x written once, as by the one-launch kernel; the
+    work values cost two more passes each over a float32 array. A periodic solve's back
+    substitution writes y and z (float32), and XLA forms x = y - f z (`_periodic_combination`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     parts, part_dtype = _tpu.split_dtype(out_dtype)
     complex_ = parts == 2
     operands = [part for v in (l, d, u, b) for part in _tpu.parts_of(v, complex_)]
     rows = _tpu.Operand("rows")
+    n_work = _WORK[kind]
+    rhs = n_work - 1
+    periodic = _periodic.is_periodic(kind)
+    solution_dtype = jnp.dtype(jnp.float32) if periodic else part_dtype
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
-        staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part_dtype)
+        staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, solution_dtype)
         forward = _tpu.vmem_need(
             g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)],
-            stages=sum(op.kind == "rows" and op.staged for op in ops) + 2 * parts * staged_work,
-            scratch_rows=_CARRY[kind] * parts, outputs=[4] * (2 * parts))
-        backward = _tpu.vmem_need(g, [(rows, 4)] * (2 * parts),
-                                  stages=parts * (2 * staged_work + staged_out),
-                                  scratch_rows=2 * parts, outputs=[part_dtype.itemsize] * parts)
+            stages=sum(op.kind == "rows" and op.staged for op in ops) + n_work * parts * staged_work,
+            scratch_rows=_CARRY[kind] * parts, outputs=[4] * (n_work * parts))
+        backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts),
+                                  stages=parts * (n_work * staged_work + rhs * staged_out),
+                                  scratch_rows=n_work * parts,
+                                  outputs=[solution_dtype.itemsize] * (rhs * parts))
         return max(forward, backward)
 
     g = _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget.budget)
@@ -439,7 +450,7 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
         return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     prepared = [_tpu.prepare(g, v) for v in operands]
     ops = [op for _, op in prepared[::parts]]
-    staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part_dtype)
+    staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, solution_dtype)
     C = g.chunks
     vmem = _tpu.pltpu.VMEM
     stage = vmem(_tpu.stage_shape(g), jnp.float32)
@@ -453,26 +464,46 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
 
     scratch = [vmem((_CARRY[kind] * parts, *g.tile), jnp.float32)]
     scratch += [stage for _, op in prepared if op.kind == "rows" and op.staged]
-    scratch += [stage] * (2 * parts * staged_work)
+    scratch += [stage] * (n_work * parts * staged_work)
     kernel = functools.partial(_streamed_forward, g=g, ops=ops, kind=kind, transposed=transposed,
                                parts=parts, staged_work=staged_work)
     work = _tpu.call(kernel, g, [v for v, _ in prepared],
                      [_tpu.block_spec(g, op, forward_chunk) for _, op in prepared],
-                     [jax.ShapeDtypeStruct(shape, jnp.float32)] * (2 * parts),
-                     [_tpu.block_spec(g, rows, forward_chunk)] * (2 * parts), scratch,
+                     [jax.ShapeDtypeStruct(shape, jnp.float32)] * (n_work * parts),
+                     [_tpu.block_spec(g, rows, forward_chunk)] * (n_work * parts), scratch,
                      steps=C, name=f"tridiax_{kind}_forward_tpu", vmem_limit=budget.limit,
                      interpret=interpret)
-    scratch = [vmem((2 * parts, *g.tile), jnp.float32)]
-    scratch += [stage] * (parts * (2 * staged_work + staged_out))
-    kernel = functools.partial(_streamed_backward, g=g, parts=parts, staged_work=staged_work,
-                               staged_out=staged_out)
-    x = _tpu.call(kernel, g, work, [_tpu.block_spec(g, rows, backward_chunk)] * (2 * parts),
-                  [jax.ShapeDtypeStruct(shape, part_dtype)] * parts,
-                  [_tpu.block_spec(g, rows, backward_chunk)] * parts, scratch, steps=C,
-                  name=f"tridiax_{kind}_backward_tpu", vmem_limit=budget.limit,
-                  interpret=interpret)
-    x = jax.lax.complex(*x) if complex_ else x[0]
-    return x.reshape(P, N, Q)
+    scratch = [vmem((n_work * parts, *g.tile), jnp.float32)]
+    scratch += [stage] * (parts * (n_work * staged_work + rhs * staged_out))
+    kernel = functools.partial(_streamed_backward, g=g, n_work=n_work, parts=parts,
+                               staged_work=staged_work, staged_out=staged_out)
+    solutions = _tpu.call(kernel, g, work, [_tpu.block_spec(g, rows, backward_chunk)] * (n_work * parts),
+                          [jax.ShapeDtypeStruct(shape, solution_dtype)] * (rhs * parts),
+                          [_tpu.block_spec(g, rows, backward_chunk)] * (rhs * parts), scratch,
+                          steps=C, name=f"tridiax_{kind}_backward_tpu", vmem_limit=budget.limit,
+                          interpret=interpret)
+    solutions = [(jax.lax.complex(*solutions[n:n + parts]) if complex_ else solutions[n]).reshape(P, N, Q)
+                 for n in range(0, len(solutions), parts)]
+    if periodic:
+        return _periodic_combination(l, d, u, *solutions, transposed=transposed).astype(out_dtype)
+    return solutions[0]
+
+
+def _periodic_combination(l, d, u, y, z, *, transposed):
+    """x = y - f z of the "periodic" kind from y = T'^{-1} b and z = T'^{-1} u (or v) along
+    axis 1, f from their end rows and the corners, as the one-launch kernel forms it: alpha =
+    l[0], beta = u[N-1], gamma the split of row 0; f = (v.y) / (1 + v.z), (u.y) / (1 + u.z)
+    for A^T."""
+    def end(v, last):
+        v = v.astype(y.dtype)
+        return v[:, -1:] if last else v[:, :1]
+
+    alpha, beta = end(l, False), end(u, True)
+    gamma = _periodic.split(end(d, False), alpha, end(u, False))
+    first, last = (gamma, beta) if transposed else (1, alpha / gamma)
+    f = ((first * end(y, False) + last * end(y, True))
+         / (1 + first * end(z, False) + last * end(z, True)))
+    return y - f * z
 
 
 def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
