@@ -295,9 +295,9 @@ def _hbm_traffic(instruction: re.Match, shapes: Mapping[str, str],
     """HBM bytes one top-level instruction moves: its operands read from HBM and its results
     written there; what stays in VMEM (`S(1)`) moves none. A slice or gather reads its
     result's bytes of its operand, and so does a fusion of an operand it only slices (`reads`).
-    An asynchronous copy's start reads its source and writes its destination (its result's
-    first array), its done moves nothing; a dynamic-update-slice, which XLA runs in place,
-    reads and writes its update. An upper bound: other partial reads count whole."""
+    An asynchronous copy's or slice's start moves its destination's bytes (`_transfer`), its
+    done nothing; a dynamic-update-slice, which XLA runs in place, reads and writes its
+    update. An upper bound: other partial reads count whole."""
     opcode = instruction["opcode"]
     if opcode.endswith("-done"):
         return 0
@@ -310,10 +310,24 @@ def _hbm_traffic(instruction: re.Match, shapes: Mapping[str, str],
         partial[0] = padded_bytes(_in_any_memory(instruction["shape"]))
     read = sum(min(partial.get(i, math.inf), padded_bytes(shapes.get(o, ""), hbm_only=True))
                for i, o in enumerate(operands))
-    result = instruction["shape"]
     if opcode.endswith("-start"):
-        result = _SHAPE.search(result)[0] if _SHAPE.search(result) else ""
-    return int(read) + padded_bytes(result, hbm_only=True)
+        return _transfer(instruction["shape"], from_hbm=read > 0)
+    return int(read) + padded_bytes(instruction["shape"], hbm_only=True)
+
+
+def _transfer(result: str, *, from_hbm: bool) -> int:
+    """HBM bytes of an asynchronous copy or slice: its destination (the first array of its
+    result tuple outside the nested tuple that echoes its operands), read if its source lies
+    in HBM and written if it does."""
+    result, elements, depth, start = result.strip(), [], 0, 1
+    for n, char in enumerate(result):
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(char, 0)
+        if (char == "," and depth == 1) or depth == 0:
+            elements.append(result[start:n].strip())
+            start = n + 1
+    destination = next((e for e in elements if not e.startswith("(")), "")
+    amount = padded_bytes(_in_any_memory(destination))
+    return amount * from_hbm + padded_bytes(destination, hbm_only=True)
 
 
 def bytes_accessed(cost: dict) -> float:
