@@ -260,12 +260,16 @@ def _bytes(specs) -> int:
 
 
 def _floor(name) -> int:
-    """Bytes of one read of every argument and one write of the result. A gradient's
-    ("grad-"): the forward's floor, then the adjoint's: every argument and the forward's
-    result read again, every gradient written; the result taken as large as the largest
-    argument (a solution, a recurrence's states): 3 x the arguments + 2 x the result."""
     fn, specs, _, _ = ENTRY_POINTS[name]
-    if name.startswith("grad-"):
+    return _floor_of(fn, specs, gradient=name.startswith("grad-"))
+
+
+def _floor_of(fn, specs, *, gradient: bool) -> int:
+    """Bytes of one read of every argument and one write of the result. A gradient's: the
+    forward's floor, then the adjoint's: every argument and the forward's result read again,
+    every gradient written; the result taken as large as the largest argument (a solution, a
+    recurrence's states): 3 x the arguments + 2 x the result."""
+    if gradient:
         return 3 * _bytes(specs) + 2 * max(_bytes([spec]) for spec in specs)
     out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d in specs])
     return _bytes(specs) + sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(out))
@@ -395,7 +399,8 @@ def _sharded(name):
 
 def test_sharded_forms_compile_per_device():
     """Each device's program: the kernels of the unsharded entry point on a quarter of the
-    systems, no XLA loop, within the chip's VMEM; forward, a quarter of the floor's bytes."""
+    systems, no XLA loop, within the chip's VMEM, a quarter of the floor's bytes (a
+    gradient's: `_floor`)."""
     _require_harness()
     cases = {name: (f"test_tpu_compile:_sharded({name!r})", specs)
              for name, (_, specs) in SHARDED_FORMS.items()}
@@ -407,15 +412,13 @@ def test_sharded_forms_compile_per_device():
             problems.append(f"{name}: {report.error}")
             continue
         fn, specs = SHARDED_FORMS[name]
-        out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d, _ in specs])
-        floor = (_bytes([(s, d) for s, d, _ in specs])
-                 + sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(out))) / DEVICES
+        floor = _floor_of(fn, [(s, d) for s, d, _ in specs], gradient="grad" in name) / DEVICES
         print(f"{name}: HBM {report.hbm_bytes / floor:.3f} x a device's floor, kernels "
               f"{[round(k.vmem_bytes / 2**20, 2) for k in report.kernels]} MiB VMEM, others {list(report.others)}")
         if not report.kernels or report.whiles:
             problems.append(f"{name}: {len(report.kernels)} kernels, {report.whiles} XLA loops")
         if any(k.vmem_bytes > vmem.budget for k in report.kernels):
             problems.append(f"{name}: a kernel over its VMEM budget")
-        if "grad" not in name and report.hbm_bytes > FLOOR_FACTOR * floor:
+        if report.hbm_bytes > FLOOR_FACTOR * floor:
             problems.append(f"{name}: {report.hbm_bytes:.4g} B through HBM, a device's floor {floor:.4g}")
     assert not problems, "\n".join(problems)
