@@ -9,9 +9,9 @@ into b_bar = A^{-T} x_bar, and this term into the band cotangents
 solve with A^T, b_bar and x swap places in the first and last). Left to JAX's transposition of
 the product (`algebra.matvec`), XLA:CPU forms them in three loops that each read b_bar and x
 (6 array reads, 3 writes). Here the transpose binds `band_cotangents_p`, which the native CPU
-kernel runs as one pass (2 reads, 3 writes). It falls
-back to XLA's loops, the same values, wherever the kernel does not apply: another platform or
-backend, a dtype the kernel lacks, a program partitioned over devices (XLA's partitioner
+kernel runs as one pass (2 reads, 3 writes). It falls back to XLA's formulation
+(`_cotangents`: the same values, one fusion) wherever the kernel does not apply: another
+platform or backend, a dtype the kernel lacks, a program partitioned over devices (XLA's partitioner
 exchanges the neighbours), and bands broadcast against the others (whose cotangents are sums,
 fused by XLA).
 
@@ -159,15 +159,23 @@ batching.primitive_batchers[band_product_p] = _product_batch
 # ---- band_cotangents_p: (b_bar, x) -> the present bands' cotangents, each of x's shape ----
 
 def _cotangents(g, x, *, axis, transposed, periodic, present, backend):
-    """XLA's formulation: JAX's transposition of the product (the code before this primitive)."""
+    """XLA's formulation: each band's cotangent one product of b_bar and x with the neighbour
+    moved along `axis` before it (shifted, or rolled when periodic), so that XLA forms all
+    three in one pass over b_bar and x. JAX's transposition of the product gives the same
+    values but moves each product after it is formed: on a TPU, a pass of its own per band."""
     del backend
-    avals = [jax.ShapeDtypeStruct(x.shape, x.dtype)] * sum(present)
+    def move(v, k):
+        return _along.roll(v, k, axis) if periodic else _along.shift(v, k, axis)
 
-    def product(*bands):
-        return _product(*bands, x, axis=axis, transposed=transposed, periodic=periodic,
-                        present=present, backend=None)
-
-    return list(jax.linear_transpose(product, *avals)(g))
+    negated = -g
+    cots = []
+    if present[0]:  # -g[i] x[i-1]; transposed, -g[i-1] x[i]
+        cots.append(move(negated, 1) * x if transposed else negated * move(x, 1))
+    if present[1]:
+        cots.append(negated * x)
+    if present[2]:  # -g[i] x[i+1]; transposed, -g[i+1] x[i]
+        cots.append(move(negated, -1) * x if transposed else negated * move(x, -1))
+    return cots
 
 
 @band_cotangents_p.def_abstract_eval
