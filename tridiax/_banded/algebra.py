@@ -62,10 +62,9 @@ def hermitian_matvec(ab: Array, x: Array, *, lower: bool, axis: int,
     each stored band's cotangent is one product, as `matvec`'s are. Entries of `ab` outside the
     matrix are never used; the diagonal's imaginary part is ignored."""
     n, u = x.shape[axis], ab.shape[0] - 1
-    offsets = range(0, u + 1) if lower else range(-u, 1)  # s = i - j of the stored A[i, j]
-    j = np.arange(n)
-    inside = np.stack([(j + s >= 0) & (j + s < n) for s in offsets])
-    ab = jnp.where(inside.reshape((u + 1,) + tuple(n if k == axis else 1 for k in range(x.ndim))), ab, 0)
+    triangle = (u, 0) if lower else (0, u)  # the stored bands' (l, u) in scipy's layout
+    offsets = band_offsets(*triangle)  # s = i - j of the stored A[i, j]
+    ab = jnp.where(inside_band(n, *triangle, axis, x.ndim), ab, 0)
     rows = [r.reshape(r.shape[1:]) for r in jnp.split(ab, u + 1, axis=0)]
     terms = []
     for k, s in enumerate(offsets):

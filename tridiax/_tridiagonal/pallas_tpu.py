@@ -323,10 +323,9 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
             def _():  # f, before x overwrites y (a staged output is written into y's scratch)
                 everything = work_rows(0, 0)[-2:]
                 alpha, gamma, beta = (carry_get(n) for n in range(_CARRY[kind] - 3, _CARRY[kind]))
-                # f = (v.y) / (1 + v.z), or (u.y) / (1 + u.z) for A^T
-                first, last = (gamma, beta) if transposed else (1.0, alpha / gamma)
                 (y0, z0), (yl, zl) = ([v.load(i) for v in everything] for i in (0, g.N - 1))
-                carry_set(0, (first * y0 + last * yl) / (1 + first * z0 + last * zl))
+                carry_set(0, _periodic.sherman_morrison_factor(y0, yl, z0, zl, alpha, gamma, beta,
+                                                               transposed=transposed))
 
             f = carry_get(0)
             out = output_rows() if direct_out else ys
@@ -354,10 +353,10 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     down, y', and z' for periodic systems) to float32 outputs. Refs: the bands' blocks, the
     work outputs' blocks, the carry, the stages of staged operands, then of the work outputs
     (`staged_work`); each in its `parts`."""
-    n_work = _WORK[kind] * parts
+    n_work = _WORK[kind]
     band_refs, refs = refs[:4 * parts], refs[4 * parts:]
-    work_refs, (carry_ref, *stages) = refs[:n_work], refs[n_work:]
-    out_stages = stages[len(stages) - n_work:] if staged_work else []
+    work_refs, (carry_ref, *stages) = refs[:n_work * parts], refs[n_work * parts:]
+    out_stages = stages[len(stages) - n_work * parts:] if staged_work else []
     stages = stages[:len(stages) - len(out_stages)]
     j = pl.program_id(2)
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
@@ -492,17 +491,15 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
 def _periodic_combination(l, d, u, y, z, *, transposed):
     """x = y - f z of the "periodic" kind from y = T'^{-1} b and z = T'^{-1} u (or v) along
     axis 1, f from their end rows and the corners, as the one-launch kernel forms it: alpha =
-    l[0], beta = u[N-1], gamma the split of row 0; f = (v.y) / (1 + v.z), (u.y) / (1 + u.z)
-    for A^T."""
+    l[0], beta = u[N-1], gamma the split of row 0."""
     def end(v, last):
         v = v.astype(y.dtype)
         return v[:, -1:] if last else v[:, :1]
 
     alpha, beta = end(l, False), end(u, True)
     gamma = _periodic.split(end(d, False), alpha, end(u, False))
-    first, last = (gamma, beta) if transposed else (1, alpha / gamma)
-    f = ((first * end(y, False) + last * end(y, True))
-         / (1 + first * end(z, False) + last * end(z, True)))
+    f = _periodic.sherman_morrison_factor(end(y, False), end(y, True), end(z, False), end(z, True),
+                                          alpha, gamma, beta, transposed=transposed)
     return y - f * z
 
 

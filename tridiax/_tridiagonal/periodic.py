@@ -62,6 +62,17 @@ def split_values(d0, alpha, u0, divide=operator.truediv):
                         -jnp.where(nonzero, divide(d0.im, m), 0) * size)
 
 
+def sherman_morrison_factor(y0, yl, z0, zl, alpha, gamma, beta=None, *, transposed: bool = False):
+    """f of x = y - f z, from the first and last rows of y = T'^{-1} b and z = T'^{-1} u:
+    (v.y) / (1 + v.z), v = (1, 0, ..., 0, alpha/gamma). `transposed`: A^T solved with A's own
+    split (the TPU kernel: z = T'^{-T} v), f = (u.y) / (1 + u.z), u = (gamma, 0, ..., 0, beta).
+    Values of any kind the arithmetic takes: arrays, kernel tiles, `SplitComplex`."""
+    if transposed:
+        return (gamma * y0 + beta * yl) / (1 + gamma * z0 + beta * zl)
+    kappa = alpha / gamma
+    return (y0 + kappa * yl) / (1 + z0 + kappa * zl)
+
+
 def _end(x: Array, axis: int, last: bool) -> Array:
     """The first or last row of `x` along `axis` (its only row when it is broadcast there)."""
     n = x.shape[axis]
@@ -89,7 +100,6 @@ def solve_pivoted(lower: Array, diag: Array, upper: Array, rhs: Array, *, axis: 
     u = jnp.where(row == 0, gamma, jnp.where(row == n - 1, beta, 0)).astype(rhs.dtype)
     y, z = pivoted_solve(lower[None], diag[None], upper[None],
                          jnp.stack([jnp.broadcast_to(rhs, shape), u]), axis=axis + 1)
-    kappa = alpha / gamma
-    f = ((_end(y, axis, False) + kappa * _end(y, axis, True))
-         / (1 + _end(z, axis, False) + kappa * _end(z, axis, True)))
+    f = sherman_morrison_factor(_end(y, axis, False), _end(y, axis, True), _end(z, axis, False),
+                                _end(z, axis, True), alpha, gamma)
     return y - f * z

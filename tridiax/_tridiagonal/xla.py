@@ -21,7 +21,7 @@ from jax import Array, lax
 from .._core.dtypes import compute_dtype
 from .._core.layout import broadcast_shape
 from .._core.split_complex import magnitude, select, zeros_like
-from .periodic import split
+from .periodic import sherman_morrison_factor, split
 
 
 def _row(x: Array, i, axis: int, dtype) -> Array:
@@ -122,10 +122,10 @@ def sweep(l, d, u, b, *, axis: int, transposed: bool, out_dtype, kind: str = "th
     if not periodic:
         return vecs[0].astype(out_dtype)
     y, z = vecs
-    kappa = jnp.expand_dims(alpha / gamma, axis)
     y0, yl = lax.slice_in_dim(y, 0, 1, axis=axis), lax.slice_in_dim(y, n - 1, n, axis=axis)
     z0, zl = lax.slice_in_dim(z, 0, 1, axis=axis), lax.slice_in_dim(z, n - 1, n, axis=axis)
-    f = (y0 + kappa * yl) / (1 + z0 + kappa * zl)
+    f = sherman_morrison_factor(y0, yl, z0, zl, jnp.expand_dims(alpha, axis),
+                                jnp.expand_dims(gamma, axis))
     return (y - f * z).astype(out_dtype)
 
 
