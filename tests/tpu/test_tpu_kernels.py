@@ -407,16 +407,26 @@ STREAMED_CASES = [
     ("periodic", "transposed", 3, 901, 1, BF16, False, 3 << 19),
     ("periodic", "sublanes", 9, 300, 3, C64, False, 2 << 20),
     ("periodic", "transposed", 2, 700, 1, C64, True, 4 << 20),
+    # pivoted: U's rows written two rows down, the last two in a tail; last chunks of one
+    # row (1025 = 8 * 128 + 1) and two rows
+    ("pivoted", "lanes", 1, 1025, 130, F32, False, 3 << 19),
+    ("pivoted", "lanes", 1, 1026, 130, BF16, True, 3 << 19),
+    ("pivoted", "transposed", 3, 901, 1, F32, True, 2 << 20),
+    ("pivoted", "sublanes", 9, 900, 3, C64, False, 4 << 20),
+    ("periodic_pivoted", "lanes", 1, 1025, 130, F32, True, 3 << 19),
+    ("periodic_pivoted", "transposed", 3, 1026, 1, BF16, False, 2 << 20),
+    ("periodic_pivoted", "sublanes", 9, 900, 3, C64, True, 4 << 20),
 ]
 
 
 @pytest.mark.parametrize("case", STREAMED_CASES, ids=[f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2:5]))}"
                                                       f"-{np.dtype(c[5]).name}-{c[6]}" for c in STREAMED_CASES])
 def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
-    """Unpivoted solves too long for VMEM run two kernels (the forward sweep writing c' and y'
-    to HBM, the back substitution reading them), not XLA's loop: against the NumPy sweep (the
-    complex case against complex128), factored solves with the kernel's factors, periodic
-    ones (z' streamed too, x = y - f z formed after) as accurate as the periodic sweep."""
+    """Solves too long for VMEM run two kernels (the forward sweep writing c' and y', or U's
+    rows, to HBM, the back substitution reading them), not XLA's loop: against the NumPy
+    sweep (the complex case against complex128), factored solves with the kernel's factors,
+    periodic and pivoted ones (z' streamed too, x = y - f z formed after) as accurate as the
+    sequential sweep of their kind."""
     kind, layout, P, N, Q, dtype, transposed, budget = case
     assert _tpu.choose_layout(P, Q) == layout
     monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
@@ -428,14 +438,16 @@ def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
     monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
     rng = np.random.default_rng(N + P)
     params = _tpu.interpret_params()
-    if kind == "periodic":
+    if kind in ("periodic", "pivoted", "periodic_pivoted"):
         if dtype == C64:
             bands = [_complex(rng, (P, N, Q)) for _ in range(4)]
-            bands[1] = bands[1] + 3
+            bands[1] = bands[1] + (0 if "pivoted" in kind else 3)
         else:
             bands = list(_bands(rng, [(P, N, Q)] * 4, dtype))
             bands[0] = bands[0].at[:, 0].set(_draw(rng, (P, Q), dtype))  # the corners are read
             bands[2] = bands[2].at[:, -1].set(_draw(rng, (P, Q), dtype))
+            if "pivoted" in kind:  # far from dominant: rows are swapped
+                bands[1] = _draw(rng, (P, N, Q), dtype)
         x = tpu_thomas.solve_pnq(*bands, transposed=transposed, out_dtype=dtype, kind=kind,
                                  interpret=params)
         assert x.shape == (P, N, Q) and x.dtype == dtype

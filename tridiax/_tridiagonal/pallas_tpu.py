@@ -39,10 +39,10 @@ The scratch holds (work values) x N row tiles, so the row tile narrows (fewer su
 grows (`_tpu.geometry`; a float32 "thomas" solve in v5e's and v6e's 48 MiB budget: 8 sublanes
 up to about 5400 rows, then 4, 2 and 1, up to about 48000 rows; in the 12 MiB a chip not known
 gets, 8 sublanes up to about 760 rows, 1 up to 11500; "pivoted" half as long). Longer systems
-are split into chunks by the planner (`fits`) where their batch fills lanes; otherwise the
-unpivoted kinds (`STREAMED_KINDS`) run in two launches whose work rows go through HBM
-(`_streamed_solve`: the forward sweep writes c' and y' (and z'), the back substitution reads
-them, no VMEM-sized scratch), and the pivoted kinds run XLA's loop.
+run in two launches whose work rows go through HBM (`_streamed_solve`: the forward sweep
+writes c' and y' (and z'; the pivoted kinds U's rows, two rows down, the last two in a tail of
+row tiles), the back substitution reads them, no VMEM-sized scratch), unless the planner
+splits them into chunks that fit (fewer systems than a row tile holds, `fits`).
 
 Complex64 systems are solved as their float32 real and imaginary parts (`_pallas/tpu.py`,
 `parts_of`): every operand, output, scratch and carried tile comes in two parts, the rows are
@@ -153,26 +153,31 @@ def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
     return (*pending, sub, diag, b_i, u_i, *corners)
 
 
-def _pivoted_last_rows(g, kind, transposed, work, carry, start):
-    """After the pivoted sweeps' last row: eliminate row N-1 (nothing below it) and keep
-    x[N-1] (and z[N-1]) as a row that back substitution passes through ((y - 0 - 0) / 1)."""
+def _pivoted_last_values(g, kind, transposed, carry):
+    """After the pivoted sweeps' last row: U's rows N-2 (None when N == 1) and N-1, row N-1
+    with nothing below it eliminated and x[N-1] (and z[N-1]) kept as a row that back
+    substitution passes through ((y - 0 - 0) / 1)."""
     rhs = 2 if _periodic.is_periodic(kind) else 1
     pending = carry[:2 + rhs]
     sub_last, d_last, b_last = carry[2 + rhs:5 + rhs]
     zero = zeros_like(d_last)
     if g.N == 1:
-        last = (b_last / d_last,)
-    else:
-        rhs_last = (b_last,)
-        if rhs == 2:
-            alpha, gamma, beta = carry[-3:]
-            rhs_last += (alpha / gamma if transposed else beta,)
-        kept, (a, _, *f) = pivot_step(pending, sub_last, d_last, zero, rhs_last)
-        for rows, value in zip(work, kept, strict=True):
-            rows.store(g.N - 2 - start, value)
-        last = tuple(fk / a for fk in f)
-    for rows, value in zip(work, (zero + 1, zero, zero, *last), strict=True):
-        rows.store(g.N - 1 - start, value)
+        return None, (zero + 1, zero, zero, b_last / d_last)
+    rhs_last = (b_last,)
+    if rhs == 2:
+        alpha, gamma, beta = carry[-3:]
+        rhs_last += (alpha / gamma if transposed else beta,)
+    kept, (a, _, *f) = pivot_step(pending, sub_last, d_last, zero, rhs_last)
+    return kept, (zero + 1, zero, zero, *(fk / a for fk in f))
+
+
+def _pivoted_last_rows(g, kind, transposed, work, carry, start):
+    """`_pivoted_last_values` stored in U's rows N-2 and N-1 (`work`, chunk from `start`)."""
+    before, last = _pivoted_last_values(g, kind, transposed, carry)
+    rows = [(g.N - 1, last)] if before is None else [(g.N - 2, before), (g.N - 1, last)]
+    for row, values in rows:
+        for work_rows, value in zip(work, values, strict=True):
+            work_rows.store(row - start, value)
 
 
 def _substitution_row(work, outs):
@@ -343,19 +348,19 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
 
 
 # ---------------------------------------------------------------------------------------------
-# Systems too long for VMEM, unpivoted: the work rows streamed through HBM.
-
-STREAMED_KINDS = ("thomas", "factored", "periodic")
+# Systems too long for VMEM: the work rows streamed through HBM.
 
 
 def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     """The forward sweep, writing each row's work values (`_WORK[kind]` of them: c' one row
-    down, y', and z' for periodic systems) to float32 outputs. Refs: the bands' blocks, the
-    work outputs' blocks, the carry, the stages of staged operands, then of the work outputs
-    (`staged_work`); each in its `parts`."""
-    n_work = _WORK[kind]
+    down, y', and z' for periodic systems; U's rows of the pivoted kinds, row r-2 at row r,
+    rows N-2 and N-1 in a tail of row tiles) to float32 outputs. Refs: the bands' blocks, the
+    work outputs' blocks, the tail's block (pivoted kinds), the carry, the stages of staged
+    operands, then of the work outputs (`staged_work`); each in its `parts`."""
+    n_work, pivoting = _WORK[kind], _pivoting(kind)
     band_refs, refs = refs[:4 * parts], refs[4 * parts:]
-    work_refs, (carry_ref, *stages) = refs[:n_work * parts], refs[n_work * parts:]
+    work_refs, refs = refs[:n_work * parts], refs[n_work * parts:]
+    tail_ref, (carry_ref, *stages) = (refs[0], refs[1:]) if pivoting else (None, refs)
     out_stages = stages[len(stages) - n_work * parts:] if staged_work else []
     stages = stages[:len(stages) - len(out_stages)]
     j = pl.program_id(2)
@@ -372,6 +377,9 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
         def row(i, carry):
             r = j * g.chunk + i
             bands = [reader.load(i) for reader in readers]
+            if pivoting:
+                return _pivoted_row(kind, transposed, bands, carry, sinks, r=r, target=i,
+                                    last=r == g.N - 1)
             values, after = _forward_row(kind, transposed, bands, carry, first=r == 0,
                                          last=r == g.N - 1)
             for sink, value in zip(sinks, values, strict=True):
@@ -381,20 +389,34 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
         carry.store(_tpu.loop(count, row, carry.load(_CARRY[kind])))
 
     _tpu.over_rows(g, j, run)
+    if pivoting:
+        @pl.when(j == g.chunks - 1)
+        def _():
+            before, last = _pivoted_last_values(g, kind, transposed, carry.load(_CARRY[kind]))
+            _tpu.CarryTiles(tail_ref, parts).store([*before, *last])
+
     for n, sink in enumerate(sinks if staged_work else ()):
         _tpu.stage_out_parts(g, sink, work_refs[n * parts:(n + 1) * parts])
 
 
-def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out):
-    """The back substitution from the `n_work` work outputs (c', then a right-hand side's
-    each), last chunk first, writing one solution per right-hand side. Refs: the work
-    values' blocks, the solutions' blocks, the carry, the stages of the work values
-    (`staged_work`) and of the solutions (`staged_out`); each in its `parts`."""
-    rhs = n_work - 1
+def _split_refs(refs, n_work, rhs, parts, staged_work, staged_out, *, tail):
+    """The back substitution's refs: the work values' blocks, the tail's block (`tail`), the
+    solutions' blocks, the carry, the stages of the work values and of the solutions."""
     work_refs, refs = refs[:n_work * parts], refs[n_work * parts:]
+    tail_ref, refs = (refs[0], refs[1:]) if tail else (None, refs)
     x_refs, (carry_ref, *stages) = refs[:rhs * parts], refs[rhs * parts:]
     out_stages = stages[len(stages) - rhs * parts:] if staged_out else []
     stages = stages[:len(stages) - len(out_stages)]
+    return work_refs, tail_ref, x_refs, carry_ref, stages, out_stages
+
+
+def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out):
+    """The back substitution from the `n_work` work outputs (c', then a right-hand side's
+    each), last chunk first, writing one solution per right-hand side. Refs: `_split_refs`'s
+    (no tail); each in its `parts`."""
+    rhs = n_work - 1
+    work_refs, _, x_refs, carry_ref, stages, out_stages = _split_refs(
+        refs, n_work, rhs, parts, staged_work, staged_out, tail=False)
     k = pl.program_id(2)
     j = g.chunks - 1 - k
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
@@ -415,19 +437,84 @@ def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out):
         _tpu.stage_out_parts(g, out, x_refs[n * parts:(n + 1) * parts])
 
 
+def _pivoted_substitution(u_row, xs):
+    """x[i] = (v[i] - U1[i]*x[i+1] - U2[i]*x[i+2]) / pivot[i] for each right-hand side v of U's
+    row i (pivot, U1, U2, v...); `xs`: (x[i+1], x[i+2]) of each. Returns (x[i], x[i+1]) of each."""
+    pivot, u1, u2, *vectors = u_row
+    after = []
+    for n, v in enumerate(vectors):
+        x1, x2 = xs[2 * n:2 * n + 2]
+        after += [(v - u1 * x1 - u2 * x2) / pivot, x1]
+    return after
+
+
+def _streamed_pivoted_backward(*refs, g, n_work, parts, staged_work, staged_out):
+    """The pivoted back substitution from U's rows as `_streamed_forward` writes them (row i
+    at row i+2, the last two in the tail), last chunk first. A chunk of rows lo..hi-1 holds U's
+    rows lo-2..hi-3: its top two solutions use the two rows above (the tail, or the first two
+    rows of the chunk after it, carried), and it carries its own first two rows to the chunk
+    before it. Carry: x[i+1] and x[i+2] of each right-hand side, then U's two rows above."""
+    rhs = n_work - 3
+    work_refs, tail_ref, x_refs, carry_ref, stages, out_stages = _split_refs(
+        refs, n_work, rhs, parts, staged_work, staged_out, tail=True)
+    k = pl.program_id(2)
+    io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
+    work = io.readers([_tpu.Operand("rows", staged=staged_work)] * n_work, work_refs, stages)
+    outs = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
+            else io.rows_of(x_refs))
+    X = 2 * rhs
+
+    @pl.when(k == 0)
+    def _():
+        zero = jnp.zeros(g.tile, jnp.float32)
+        carry.store([zero] * X + list(_tpu.CarryTiles(tail_ref, parts).load(2 * n_work)))
+
+    def store(i, xs):
+        for n, out in enumerate(outs):
+            out.store(i, xs[2 * n])
+
+    def run(count):
+        xs = carry.load(X)
+        above = carry.load(X + 2 * n_work)[X:]
+        first, second = above[:n_work], above[n_work:]  # U's rows hi-2 and hi-1
+        for i, u_row in [(count - 1, second), (count - 2, first)][:min(count, 2)]:
+            xs = _pivoted_substitution(u_row, xs)
+            store(i, xs)
+
+        def row(i, xs):
+            xs = _pivoted_substitution([w.load(i + 2) for w in work], xs)
+            store(i, xs)
+            return tuple(xs)
+
+        if count > 2:
+            xs = _tpu.loop(count - 2, row, tuple(xs), reverse=True)
+        below = [w.load(0) for w in work] + ([w.load(1) for w in work] if count >= 2 else list(first))
+        carry.store([*xs, *below])
+
+    _tpu.over_rows(g, g.chunks - 1 - k, run)
+    for n, out in enumerate(outs if staged_out else ()):
+        _tpu.stage_out_parts(g, out, x_refs[n * parts:(n + 1) * parts])
+
+
 def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpret):
     """A solve of systems too long for VMEM in two launches: the forward sweep writes its work
-    values to HBM (`_WORK[kind]` float32 arrays), the back substitution reads them, last chunk
-    first. The operands are read once and x written once, as by the one-launch kernel; the
-    work values cost two more passes each over a float32 array. A periodic solve's back
-    substitution writes y and z (float32), and XLA forms x = y - f z (`_periodic_combination`)."""
+    values to HBM (`_WORK[kind]` float32 arrays; the pivoted kinds' last two rows of U as
+    row tiles, a tail), the back substitution reads them, last chunk first. The operands are
+    read once and x written once, as by the one-launch kernel; the work values cost two more
+    passes each over a float32 array. A periodic solve's back substitution writes y and z
+    (float32), and XLA forms x = y - f z (`_periodic_combination`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
+    pivoting = _pivoting(kind)
+    if pivoting and N < 3:  # rows 0 and 1 of the work outputs hold no row of U
+        return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     parts, part_dtype = _tpu.split_dtype(out_dtype)
     complex_ = parts == 2
     operands = [part for v in (l, d, u, b) for part in _tpu.parts_of(v, complex_)]
-    rows = _tpu.Operand("rows")
+    rows, tile = _tpu.Operand("rows"), _tpu.Operand("tile")
     n_work = _WORK[kind]
-    rhs = n_work - 1
+    rhs = n_work - (3 if pivoting else 1)
+    tail = [(tile, 4)] * (2 * n_work * pivoting)  # the pivoted kinds' tail: row tiles of U
+    carried = (2 * rhs + 2 * n_work) if pivoting else n_work
     periodic = _periodic.is_periodic(kind)
     solution_dtype = jnp.dtype(jnp.float32) if periodic else part_dtype
 
@@ -435,12 +522,12 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
         staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, solution_dtype)
         forward = _tpu.vmem_need(
-            g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)],
+            g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)] + tail * parts,
             stages=sum(op.kind == "rows" and op.staged for op in ops) + n_work * parts * staged_work,
             scratch_rows=_CARRY[kind] * parts, outputs=[4] * (n_work * parts))
-        backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts),
+        backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts) + tail * parts,
                                   stages=parts * (n_work * staged_work + rhs * staged_out),
-                                  scratch_rows=n_work * parts,
+                                  scratch_rows=carried * parts,
                                   outputs=[solution_dtype.itemsize] * (rhs * parts))
         return max(forward, backward)
 
@@ -454,6 +541,12 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
     vmem = _tpu.pltpu.VMEM
     stage = vmem(_tpu.stage_shape(g), jnp.float32)
     shape = (P, N) if g.layout == "transposed" else (P, N, Q)
+    work_shapes = [jax.ShapeDtypeStruct(shape, jnp.float32)] * (n_work * parts)
+    tail_shapes, tail_specs = [], []
+    if pivoting:  # one block of row tiles per group, written at the forward sweep's last step
+        tail_shapes.append(jax.ShapeDtypeStruct((*g.groups, 2 * n_work * parts, *g.tile), jnp.float32))
+        tail_specs.append(pl.BlockSpec((None, None, 2 * n_work * parts, *g.tile),
+                                       lambda a, b_, k: (a, b_, 0, 0, 0)))
 
     def forward_chunk(k):
         return k
@@ -468,15 +561,17 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
                                parts=parts, staged_work=staged_work)
     work = _tpu.call(kernel, g, [v for v, _ in prepared],
                      [_tpu.block_spec(g, op, forward_chunk) for _, op in prepared],
-                     [jax.ShapeDtypeStruct(shape, jnp.float32)] * (n_work * parts),
-                     [_tpu.block_spec(g, rows, forward_chunk)] * (n_work * parts), scratch,
+                     work_shapes + tail_shapes,
+                     [_tpu.block_spec(g, rows, forward_chunk)] * (n_work * parts) + tail_specs, scratch,
                      steps=C, name=f"tridiax_{kind}_forward_tpu", vmem_limit=budget.limit,
                      interpret=interpret)
-    scratch = [vmem((n_work * parts, *g.tile), jnp.float32)]
+    scratch = [vmem((carried * parts, *g.tile), jnp.float32)]
     scratch += [stage] * (parts * (n_work * staged_work + rhs * staged_out))
-    kernel = functools.partial(_streamed_backward, g=g, n_work=n_work, parts=parts,
-                               staged_work=staged_work, staged_out=staged_out)
-    solutions = _tpu.call(kernel, g, work, [_tpu.block_spec(g, rows, backward_chunk)] * (n_work * parts),
+    backward = _streamed_pivoted_backward if pivoting else _streamed_backward
+    kernel = functools.partial(backward, g=g, n_work=n_work, parts=parts, staged_work=staged_work,
+                               staged_out=staged_out)
+    solutions = _tpu.call(kernel, g, work,
+                          [_tpu.block_spec(g, rows, backward_chunk)] * (n_work * parts) + tail_specs,
                           [jax.ShapeDtypeStruct(shape, solution_dtype)] * (rhs * parts),
                           [_tpu.block_spec(g, rows, backward_chunk)] * (rhs * parts), scratch,
                           steps=C, name=f"tridiax_{kind}_backward_tpu", vmem_limit=budget.limit,
@@ -529,11 +624,12 @@ def fits(P: int, N: int, Q: int, dtype, *, kind: str = "thomas", budget=None) ->
 
 
 def _xla_loop(l, d, u, b, *, transposed, out_dtype, kind):
-    """XLA's loop (`_xla.sweep`) for systems too long for VMEM, along the last axis of the
-    operands as (P, Q, N), dimensions of size 1 dropped: a TPU pads the last two dimensions of
-    an array to whole (8, 128) tiles, so a loop over (1, N, 1) buffers would hold 1024 times
-    their values (one system of ten million rows did not fit in a v5e's HBM), and one over
-    (N, 4) rows 32 times."""
+    """XLA's loop (`_xla.sweep`) for systems whose streamed chunks do not fit VMEM either (a
+    budget far below any chip's), along the last axis of the operands as (P, Q, N),
+    dimensions of size 1 dropped: a TPU pads the last two dimensions of an array to whole
+    (8, 128) tiles, so a loop over (1, N, 1) buffers would hold 1024 times their values (one
+    system of ten million rows did not fit in a v5e's HBM), and one over (N, 4) rows 32
+    times."""
     from . import xla as _xla
 
     P, N, Q = broadcast_shape(l, d, u, b)
@@ -554,18 +650,16 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
     """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q) of `out_dtype`.
     `kind`: one of KINDS (module docstring; the periodic kinds need N >= 3). `interpret`: Pallas's
     interpret mode (`pltpu.InterpretParams`, or True) to run on CPU. Systems too long for
-    VMEM (`fits`) stream their work rows through HBM (`STREAMED_KINDS`) or run XLA's loop."""
+    VMEM (`fits`) stream their work rows through HBM (`_streamed_solve`)."""
     if kind not in KINDS:
         raise ValueError(f"the Pallas TPU solve has no kind {kind!r}; kinds: {KINDS}")
     P, N, Q = broadcast_shape(l, d, u, b)
     out_dtype = jnp.dtype(out_dtype)
     budget = _tpu.vmem()
     g = _plan(P, N, Q, (l, d, u, b), out_dtype, kind=kind, budget=budget.budget)
-    if g is None and kind in STREAMED_KINDS:
+    if g is None:
         return _streamed_solve(l, d, u, b, kind=kind, transposed=transposed, out_dtype=out_dtype,
                                budget=budget, interpret=interpret)
-    if g is None:
-        return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     parts, part_dtype = _tpu.split_dtype(out_dtype)
     complex_ = parts == 2
     prepared = [[_tpu.prepare(g, part) for part in _tpu.parts_of(v, complex_)]
