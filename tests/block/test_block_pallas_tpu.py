@@ -10,7 +10,8 @@ each operand in one of three arrangements (`Arrangement`: entries inside rows, t
 first, or rows inside entries), chosen here as on a TPU by the block size: k = 2 and 4 with
 m = 1 take the first, k = 2 with m = 3 right-hand sides the second (b and x), k = 3 and 5 the
 third, which reads bfloat16 through float32 stages. The plain tests check what only this kernel
-has: systems of several chunks, its VMEM plan and the fallback for systems too long for it. The
+has: systems of several chunks, its VMEM plan, the streamed kernels for systems too long for
+it and XLA's loop under a budget too small even for those. The
 kernel compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
 """
 
@@ -112,8 +113,9 @@ def test_arrangements_follow_the_block_size():
 
 
 def test_vmem_plan_narrows_the_row_tile_and_falls_back_for_long_systems(monkeypatch):
-    """E and y of a whole system stay in VMEM: longer systems get row tiles of fewer sublanes,
-    and systems too long for any run XLA's loop; both agree with dense solves."""
+    """E and y of a whole system stay in VMEM: longer systems get row tiles of fewer sublanes;
+    systems too long for any stream E and y through HBM (next test), and under a budget too
+    small even for their chunks XLA's loop runs; both agree with dense solves."""
     assert _tpu_block.fits(1, 300, 1024, np.float32, k=2)
     monkeypatch.setattr(_tpu, "VMEM_BUDGET", 6 << 20)
     shape = (1, 40, 1024)
@@ -123,5 +125,42 @@ def test_vmem_plan_narrows_the_row_tile_and_falls_back_for_long_systems(monkeypa
     assert g is not None and g.s < 8
     assert not _tpu_block.fits(1, 3000, 1024, np.float32, k=2)
     check(tpu_solve(*operands, kind="block", transposed=False), clean, operands[-1], False)
-    operands, clean = problem("block", (1, 3000, 3), 2, dtype=F32, seed=5)
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 16)
+    operands, clean = problem("block", (1, 40, 3), 2, dtype=F32, seed=5)
+    assert _tpu_block._setup(*(jnp.asarray(x) for x in operands), F32, kind="block",
+                             budget=_tpu.VMEM_BUDGET, streamed=True)[0] is None
     check(tpu_solve(*operands, kind="block", transposed=True), clean, operands[-1], True)
+
+
+# (kind, k, m, (P, N, Q), dtype, transposed): several chunks of 32 rows, the last of one row
+# (193) or two; batch-first systems (Q = 1, swapped to lanes) with x staged (bfloat16, rows
+# minor); complex64 parts; 8 x 8 blocks.
+STREAMED = [("block_pivoted", 2, 1, (1, 193, 3), F32, True),
+            ("block", 2, 1, (1, 194, 3), F32, False),
+            ("block_hermitian", 3, 2, (4, 193, 1), BF16, True),
+            ("block_pivoted", 2, 1, (1, 193, 5), C64, False),
+            ("block_pivoted", 8, 1, (1, 65, 3), F32, True)]
+
+
+@pytest.mark.parametrize("kind, k, m, shape, dtype, transposed", STREAMED)
+def test_systems_too_long_for_vmem_stream_e_and_y(kind, k, m, shape, dtype, transposed, monkeypatch):
+    """Under a VMEM budget too small for the whole system's E and y, two kernels run (the
+    forward sweep writing E and y to HBM chunk by chunk, the back substitution reading them
+    last chunk first), not XLA's loop: against dense solves and the XLA formulation."""
+    operands, clean = problem(kind, shape, k, m, dtype=dtype, seed=k + m)
+    arrays = [jnp.asarray(x) for x in operands]
+    budget = next(b for b in (int(1.1 ** e) for e in range(200, 130, -1))
+                  if _tpu_block._setup(*arrays, dtype, kind=kind, budget=b)[0] is None)
+    g = _tpu_block._setup(*arrays, dtype, kind=kind, budget=budget, streamed=True)[0]
+    assert g is not None and g.chunks > 2
+    want = xla_solve(*operands, kind=kind, transposed=transposed)
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("XLA's loop ran")
+
+    monkeypatch.setattr(_tpu_block._xla, "solve_pnq", refuse)
+    got = np.asarray(_tpu_block.solve_pnq(*arrays, kind=kind, transposed=transposed, out_dtype=dtype,
+                                          interpret=_tpu.interpret_params()))
+    check(got, clean, operands[-1], transposed)
+    assert_close(got, want, dtype, condition(clean, operands[-1].shape, transposed))

@@ -23,9 +23,12 @@ between the rows and the systems, (P, N, k, k, Q): the order in which a TPU stor
 (1000, 2, 2, 4096)), so that the kernel's operands are the arrays as stored. Entry (r, c) of
 block row i is one sublane of a (k, s*128) tile of the block, loaded at row i (a dynamic
 index along an untiled axis: bfloat16 loads too, no stage). E and y stay in VMEM scratch for
-the whole system (one row tile per entry and row), so the row tile narrows as N grows and
-systems too long for VMEM run XLA's loop (`fits`). The grid walks each group's chunks forward,
-then backward, in one pallas_call: every input is read once and x written once.
+the whole system (one row tile per entry and row), so the row tile narrows as N grows. The
+grid walks each group's chunks forward, then backward, in one pallas_call: every input is read
+once and x written once. Systems too long for VMEM (`fits`) run the same sweeps in two
+kernels (`_streamed_call`): the forward one writes E and y to float32 arrays in HBM (rows
+minor, `work_arrangement`), the backward one reads them last chunk first; XLA's loop runs only
+where not even their chunks fit.
 
 Operands as `_tpu.operand` classifies them: blocks shared by every system are SMEM scalars
 (a stack of k*k (P|1, N) arrays, entries first), blocks constant along N one row tile per
@@ -232,8 +235,156 @@ class _Scratch:
                     ref[self._row(a * self.c + b, i), :] = part.reshape(1, -1)
 
 
+class _WorkBlocks:
+    """r x c float32 entries per row of a chunk in the streamed kernels' work blocks (one per
+    part), arranged rows minor (`work_arrangement`): what `_Scratch` holds for a whole system,
+    one chunk at a time through HBM."""
+
+    def __init__(self, g, refs, r: int, c: int):
+        self.how = work_arrangement(r, c)
+        self.refs, self.r, self.c = refs, r, c
+        self.entries = _Entries(g, _tpu.Operand("rows"), refs, r, c, self.how)
+
+    def load(self, i):
+        return self.entries.load(i)
+
+    def store(self, i, values):
+        for a, row in enumerate(values):
+            for b, v in enumerate(row):
+                for ref, part in zip(self.refs, _parts(v, len(self.refs)), strict=True):
+                    ref[self.how.index(i, a, b)] = part.reshape(1, -1)
+
+
+def work_arrangement(r: int, c: int) -> Arrangement:
+    """The streamed kernels' work arrays of r x c entries per row: rows minor, so that a row is
+    one sublane of a (rows, 128) tile."""
+    return Arrangement(tuple(d for d, size in (("r", r), ("c", c), ("n", 0)) if d == "n" or size > 1),
+                       r, c)
+
+
 # ---------------------------------------------------------------------------------------------
-# The kernel.
+# The kernels.
+
+
+class _Carry:
+    """The carry scratch: row tiles, complex values as two (real and imaginary parts)."""
+
+    def __init__(self, ref, parts: int):
+        self.ref, self.parts = ref, parts
+
+    def load(self, count, real=range(0)):
+        """The first `count` values (`real`: the slots holding real values, the pivot rows)."""
+        if self.parts == 1:
+            return [self.ref[n] for n in range(count)]
+        return [self.ref[2 * n] if n in real else
+                SplitComplex(self.ref[2 * n], self.ref[2 * n + 1]) for n in range(count)]
+
+    def store(self, values):
+        for n, value in enumerate(values):
+            for part, tile in enumerate(_parts(value, self.parts)):
+                self.ref[self.parts * n + part] = tile
+
+
+def _unflatten(values, k: int, c: int):
+    return [list(values[a * c:(a + 1) * c]) for a in range(k)]
+
+
+def _flat(A):
+    return [v for row in A for v in row]
+
+
+def _subtract(A, B):
+    return [[a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(A, B, strict=True)]
+
+
+def _forward(g, operands, es, ys, carry, *, j, offset, k, m, kind, transposed):
+    """The forward sweep over chunk j (traced), from chunk 0's zero carry: E[i-1] and y[i]
+    stored at row `offset` + i of `es` and `ys`."""
+    pivoting, hermitian = kind == "block_pivoted", kind == "block_hermitian"
+    lower, diag, *upper, rhs = operands
+    n_fact = carry_size(k, pivoting)
+    pivot_slots = range(n_fact - k, n_fact) if pivoting else range(0)  # real row numbers
+    carried = _carried(k, m, kind)  # S's elimination, y[i-1], U[i-1] (unless Hermitian)
+    start = j * g.chunk
+    for operand in operands:
+        if operand.stages is not None:
+            operand.stage_in()
+
+    @pl.when(j == 0)
+    def _():
+        carry.store([jnp.zeros(g.tile, jnp.float32)] * carried)  # real zeros: as_split gives the parts
+
+    def run(count):
+        def row(i, values):
+            first = start + i == 0
+            fact = Elimination.from_values(values[:n_fact], k, pivoting)
+            y_prev = _unflatten(values[n_fact:n_fact + k * m], k, m)
+            # U'[i-1] and L'[i]: U[i-1] and L[i], or L[i]^T and U[i-1]^T; a Hermitian
+            # matrix has U[i-1] = L[i]^H.
+            if hermitian:
+                l_i = lower.load(i)
+                sup_prev = _transpose(l_i) if transposed else _transpose(_conj(l_i))
+                sub = _conj(l_i) if transposed else l_i
+            else:
+                u_prev = _unflatten(values[n_fact + k * m:], k, k)
+                sup_prev = _transpose(lower.load(i)) if transposed else u_prev
+                sub = _transpose(u_prev) if transposed else lower.load(i)
+            # E[i-1] = S_{i-1}^-1 U'[i-1]
+            e_prev = [[select(first, 0.0, v) for v in row] for row in apply(fact, sup_prev)]
+            es.store(offset + i, e_prev)
+            sub = [[select(first, 0.0, v) for v in row] for row in sub]
+            d = _transpose(diag.load(i)) if transposed else diag.load(i)
+            fact = eliminate(_subtract(d, product(sub, e_prev)), pivoting=pivoting,
+                             hermitian=hermitian)
+            y = apply(fact, _subtract(rhs.load(i), product(sub, y_prev)))
+            ys.store(offset + i, y)
+            return (*fact.values(), *_flat(y), *(v for u in upper for v in _flat(u.load(i))))
+
+        carry.store(_tpu.loop(count, row, tuple(carry.load(carried, pivot_slots))))
+
+    _tpu.over_rows(g, j, run)
+
+
+def _backward(g, es, ys, carry, store_x, *, j, offset, k, m):
+    """The back substitution over chunk j (traced), from the last chunk's zero carry: x[i] =
+    y[i] - E[i] x[i+1] (E[i] stored at row i+1; zero at row N-1), written by `store_x(i, x)`."""
+    @pl.when(j == g.chunks - 1)
+    def _():
+        carry.store([jnp.zeros(g.tile, jnp.float32)] * (k * m + k * k))
+
+    def run(count):
+        def row(i, values):
+            x_next, e_next = _unflatten(values[:k * m], k, m), _unflatten(values[k * m:], k, k)
+            x = _subtract(ys.load(offset + i), product(e_next, x_next))
+            store_x(i, x)
+            return (*_flat(x), *_flat(es.load(offset + i)))
+
+        carry.store(_tpu.loop(count, row, tuple(carry.load(k * m + k * k)), reverse=True))
+
+    _tpu.over_rows(g, j, run)
+
+
+def _operands(g, ops, in_refs, arranged, staged, stages, *, k, m, parts):
+    """The `_Entries` of the blocks and b (`stages` consumed by the staged ones)."""
+    shapes = [(k, k)] * len(ops) + [(k, m)]
+    return [_Entries(g, op, refs_, r, c, how, tuple(stages.pop(0) for _ in range(parts)) if stage else None)
+            for op, refs_, (r, c), how, stage in zip(
+                (*ops, _tpu.Operand("rows")), in_refs, shapes, arranged, staged, strict=True)]
+
+
+def _grouped(refs, parts: int):
+    return [tuple(refs[n:n + parts]) for n in range(0, len(refs), parts)]
+
+
+def _x_writer(x_refs, out: Arrangement, parts: int):
+    """store_x for `_backward`: row i's solution into x's blocks."""
+    def store_x(i, x):
+        for a, values in enumerate(x):
+            for b, v in enumerate(values):
+                for ref, part in zip(x_refs, _parts(v, parts), strict=True):
+                    ref[out.index(i, a, b)] = part.reshape(1, -1).astype(ref.dtype)
+
+    return store_x
 
 
 def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
@@ -242,93 +393,20 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
     inputs are); of each operand, output and scratch its `parts` (2: complex values' real and
     imaginary parts, one after the other)."""
     n_in = (len(ops) + 1) * parts
-
-    def grouped(refs_):
-        return [tuple(refs_[n:n + parts]) for n in range(0, len(refs_), parts)]
-
-    in_refs = grouped(refs[:n_in])
-    x_refs, e_refs, y_refs = grouped(refs[n_in:n_in + 3 * parts])
+    in_refs = _grouped(refs[:n_in], parts)
+    x_refs, e_refs, y_refs = _grouped(refs[n_in:n_in + 3 * parts], parts)
     carry_ref, *stages = refs[n_in + 3 * parts:]
     C = g.chunks
     step = pl.program_id(2)
-    pivoting, hermitian = kind == "block_pivoted", kind == "block_hermitian"
-    shapes = [(k, k)] * len(ops) + [(k, m)]
-    operands = [_Entries(g, op, refs_, r, c, how,
-                         tuple(stages.pop(0) for _ in range(parts)) if stage else None)
-                for op, refs_, (r, c), how, stage in zip(
-                    (*ops, _tpu.Operand("rows")), in_refs, shapes, arranged, staged, strict=True)]
-    lower, diag, *upper, rhs = operands
+    operands = _operands(g, ops, in_refs, arranged, staged, stages, k=k, m=m, parts=parts)
     es, ys = _Scratch(g, e_refs, k, k), _Scratch(g, y_refs, k, m)
+    carry = _Carry(carry_ref, parts)
     out = arranged[-1]
-    n_fact = carry_size(k, pivoting)
-    pivot_slots = range(n_fact - k, n_fact) if pivoting else range(0)  # real row numbers
-    zero = jnp.zeros(g.tile, jnp.float32)
-
-    def load_carry(count, real=range(0)):
-        """The carried tiles (`real`: the slots holding real values, the pivot rows)."""
-        if parts == 1:
-            return [carry_ref[n] for n in range(count)]
-        return [carry_ref[2 * n] if n in real else
-                SplitComplex(carry_ref[2 * n], carry_ref[2 * n + 1]) for n in range(count)]
-
-    def store_carry(values):
-        for n, value in enumerate(values):
-            for part, tile in enumerate(_parts(value, parts)):
-                carry_ref[parts * n + part] = tile
-
-    def unflatten(values, c):
-        return [list(values[a * c:(a + 1) * c]) for a in range(k)]
-
-    def flat(A):
-        return [v for row in A for v in row]
-
-    def subtract(A, B):
-        return [[a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(A, B, strict=True)]
-
-    carried = _carried(k, m, kind)  # S's elimination, y[i-1], U[i-1] (unless Hermitian)
 
     @pl.when(step < C)
     def _():
-        j = step
-        start = j * g.chunk
-        offset = j * g.rows
-        for operand in operands:
-            if operand.stages is not None:
-                operand.stage_in()
-
-        @pl.when(step == 0)
-        def _():
-            store_carry([zero] * carried)  # real zeros: as_split gives the parts
-
-        def run(count):
-            def row(i, carry):
-                first = start + i == 0
-                fact = Elimination.from_values(carry[:n_fact], k, pivoting)
-                y_prev = unflatten(carry[n_fact:n_fact + k * m], m)
-                # U'[i-1] and L'[i]: U[i-1] and L[i], or L[i]^T and U[i-1]^T; a Hermitian
-                # matrix has U[i-1] = L[i]^H.
-                if hermitian:
-                    l_i = lower.load(i)
-                    sup_prev = _transpose(l_i) if transposed else _transpose(_conj(l_i))
-                    sub = _conj(l_i) if transposed else l_i
-                else:
-                    u_prev = unflatten(carry[n_fact + k * m:], k)
-                    sup_prev = _transpose(lower.load(i)) if transposed else u_prev
-                    sub = _transpose(u_prev) if transposed else lower.load(i)
-                # E[i-1] = S_{i-1}^-1 U'[i-1]
-                e_prev = [[select(first, 0.0, v) for v in row] for row in apply(fact, sup_prev)]
-                es.store(offset + i, e_prev)
-                sub = [[select(first, 0.0, v) for v in row] for row in sub]
-                d = _transpose(diag.load(i)) if transposed else diag.load(i)
-                fact = eliminate(subtract(d, product(sub, e_prev)), pivoting=pivoting,
-                                 hermitian=hermitian)
-                y = apply(fact, subtract(rhs.load(i), product(sub, y_prev)))
-                ys.store(offset + i, y)
-                return (*fact.values(), *flat(y), *(v for u in upper for v in flat(u.load(i))))
-
-            store_carry(_tpu.loop(count, row, tuple(load_carry(carried, pivot_slots))))
-
-        _tpu.over_rows(g, j, run)
+        _forward(g, operands, es, ys, carry, j=step, offset=step * g.rows, k=k, m=m, kind=kind,
+                 transposed=transposed)
 
     @pl.when(step >= C)
     def _():
@@ -336,32 +414,49 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
         offset = j * g.rows
         in_place = out.rows_minor and x_refs[0].dtype.itemsize < 4  # x through y's scratch
 
-        @pl.when(step == C)
-        def _():
-            store_carry([zero] * (k * m + k * k))
+        def store_in_place(i, x):
+            ys.store(offset + i, x)
 
-        def run(count):
-            def row(i, carry):
-                x_next, e_next = unflatten(carry[:k * m], m), unflatten(carry[k * m:], k)
-                # x[i] = y[i] - E[i] x[i+1] (E[i] stored at row i+1; zero at row N-1)
-                x = subtract(ys.load(offset + i), product(e_next, x_next))
-                if in_place:
-                    ys.store(offset + i, x)
-                else:
-                    for a, values in enumerate(x):
-                        for b, v in enumerate(values):
-                            for ref, part in zip(x_refs, _parts(v, parts), strict=True):
-                                ref[out.index(i, a, b)] = part.reshape(1, -1).astype(ref.dtype)
-                return (*flat(x), *flat(es.load(offset + i)))
-
-            store_carry(_tpu.loop(count, row, tuple(load_carry(k * m + k * k)), reverse=True))
-
-        _tpu.over_rows(g, j, run)
+        store_x = store_in_place if in_place else _x_writer(x_refs, out, parts)
+        _backward(g, es, ys, carry, store_x, j=j, offset=offset, k=k, m=m)
         if in_place:
             for a in range(k):
                 for b in range(m):
                     x_refs[0][out.index(None, a, b)] = ys.chunk(a * m + b, offset).astype(
                         x_refs[0].dtype)
+
+
+def _streamed_forward(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
+    """The forward sweep of a system too long for VMEM: E and y written to float32 work
+    blocks. Refs: the inputs' blocks (as `_kernel`'s), E's and y's work blocks, the carry, the
+    stages of staged inputs; each in its `parts`."""
+    n_in = (len(ops) + 1) * parts
+    in_refs = _grouped(refs[:n_in], parts)
+    e_refs, y_refs = _grouped(refs[n_in:n_in + 2 * parts], parts)
+    carry_ref, *stages = refs[n_in + 2 * parts:]
+    operands = _operands(g, ops, in_refs, arranged, staged, stages, k=k, m=m, parts=parts)
+    _forward(g, operands, _WorkBlocks(g, e_refs, k, k), _WorkBlocks(g, y_refs, k, m),
+             _Carry(carry_ref, parts), j=pl.program_id(2), offset=0, k=k, m=m, kind=kind,
+             transposed=transposed)
+
+
+def _streamed_backward(*refs, out, k, m, g, parts):
+    """The back substitution of a system too long for VMEM, last chunk first, from E's and y's
+    work blocks. Refs: those blocks, x's blocks, the carry, and a float32 stage of x's chunk
+    where x is 16-bit with rows minor (a packed row cannot be stored at a dynamic index); each
+    in its `parts`."""
+    e_refs, y_refs, x_refs = _grouped(refs[:3 * parts], parts)
+    carry_ref, *stage = refs[3 * parts:]
+    ys = _WorkBlocks(g, y_refs, k, m)
+    staged_x = _WorkBlocks(g, tuple(stage), k, m) if stage else None
+    store_x = staged_x.store if stage else _x_writer(x_refs, out, parts)
+    _backward(g, _WorkBlocks(g, e_refs, k, k), ys, _Carry(carry_ref, parts), store_x,
+              j=g.chunks - 1 - pl.program_id(2), offset=0, k=k, m=m)
+    if stage:
+        for a in range(k):
+            for b in range(m):
+                x_refs[0][out.index(None, a, b)] = stage[0][staged_x.how.index(None, a, b)].astype(
+                    x_refs[0].dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,10 +472,11 @@ def _block_bytes(g, how: Arrangement, dtype) -> int:
     return math.prod(major) * (-(-minor // tile) * tile) * g.s * _tpu.LANES * itemsize
 
 
-def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
+def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget, streamed: bool = False):
     """The geometry of a solve of (P, N, Q) systems (the lanes view) in `budget` bytes of
     VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of the blocks and b. Complex
-    calls hold two float32 parts of every operand, output and scratch."""
+    calls hold two float32 parts of every operand, output and scratch. `streamed`: E and y go
+    through HBM (`_streamed_forward`, `_streamed_backward`; both kernels' buffers counted)."""
     carried = _carried(k, m, kind)
     parts, out_dtype = _tpu.split_dtype(out_dtype)
 
@@ -400,7 +496,11 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget):
             else:
                 total += 2 * _tpu.SUBLANES * g.scalar_rows * r * c * 4
         total += 2 * _block_bytes(g, operands[-1][2], out_dtype)
-        total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
+        if streamed:  # two buffers of E's and y's work blocks, x's stage
+            work = [_block_bytes(g, work_arrangement(k, c), jnp.float32) for c in (k, m)]
+            total += 2 * sum(work) + work[1]
+        else:
+            total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
         return parts * (total + carried * g.row_tile_bytes())
 
     # the "lanes" layout whatever (P, Q) are; chunks down to 32 rows (large blocks take many
@@ -442,10 +542,10 @@ def _carried(k: int, m: int, kind: str) -> int:
             + (0 if kind == "block_hermitian" else k * k))
 
 
-def _setup(lower, diag, upper, b, out_dtype, *, kind, budget):
+def _setup(lower, diag, upper, b, out_dtype, *, kind, budget, streamed: bool = False):
     """The lanes view of the operands the kernel reads (a Hermitian matrix's upper blocks are
     its lower ones', not read), their arrangements and the geometry (None: too long for
-    VMEM)."""
+    VMEM; `streamed`: for the streamed kernels)."""
     P, N, Q, k, m = b.shape
     swapped = Q == 1 and P > 1
     operands, views = [], []
@@ -456,7 +556,7 @@ def _setup(lower, diag, upper, b, out_dtype, *, kind, budget):
         operands.append(((view.shape[0], view.shape[1], view.shape[2]), view.dtype, how))
         views.append(view)
     Pv, _, Qv = operands[-1][0]
-    g = _plan(Pv, N, Qv, operands, out_dtype, k=k, m=m, kind=kind, budget=budget)
+    g = _plan(Pv, N, Qv, operands, out_dtype, k=k, m=m, kind=kind, budget=budget, streamed=streamed)
     return g, views, operands, swapped
 
 
@@ -476,7 +576,8 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     axis 1, with the semantics of `_xla_block.solve_pnq`: `lower`, `diag`, `upper` (P|1, N|1,
     Q|1, k, k) blocks, `b` (P, N, Q, k, m). Returns x, (P, N, Q, k, m) of `out_dtype`.
     `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU.
-    Systems too long for VMEM (`fits`) are solved by XLA's loop. Kind "block_hermitian" takes
+    Systems too long for VMEM (`fits`) run in two kernels whose E and y go through HBM (XLA's
+    loop where not even their chunks fit). Kind "block_hermitian" takes
     upper[i] = lower[i+1]^T (as `solveh_block_tridiagonal` binds it) and reads it from
     `lower`, so that XLA need not form `upper`."""
     if kind not in KINDS:
@@ -489,6 +590,10 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     budget = _tpu.vmem()
     g, views, operands, swapped = _setup(lower, diag, upper, b, out_dtype, kind=kind,
                                          budget=budget.budget)
+    streamed = g is None
+    if streamed:
+        g, views, operands, swapped = _setup(lower, diag, upper, b, out_dtype, kind=kind,
+                                             budget=budget.budget, streamed=True)
     if g is None:
         return _xla.solve_pnq(lower, diag, upper, b, kind=kind, transposed=transposed,
                               out_dtype=out_dtype)
@@ -517,17 +622,62 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
     vmem = _tpu.pltpu.VMEM
     lanes = g.s * _tpu.LANES
     carried = _carried(k, m, kind)
-    scratch = [vmem((k * k * g.total_rows, lanes), jnp.float32)] * parts
-    scratch += [vmem((k * m * g.total_rows, lanes), jnp.float32)] * parts
-    scratch += [vmem((carried * parts, *g.tile), jnp.float32)]
-    scratch += [vmem((e, g.rows, lanes), jnp.float32)
-                for e, stage in zip(entries, staged, strict=True) if stage for _ in range(parts)]
-    kernel = functools.partial(_kernel, g=g, ops=ops, arranged=arranged, staged=staged, k=k,
-                               m=m, kind=kind, transposed=transposed, parts=parts)
+    stages = [vmem((e, g.rows, lanes), jnp.float32)
+              for e, stage in zip(entries, staged, strict=True) if stage for _ in range(parts)]
     out_shape = jax.ShapeDtypeStruct(inputs[-1].shape, part_dtype)
-    x = _tpu.call(kernel, g, inputs, in_specs, [out_shape] * parts,
-                  [_spec(g, rows, chunk_out, arranged[-1], k * m)] * parts, scratch, steps=2 * C,
-                  name=f"tridiax_{kind}_tpu", vmem_limit=budget.limit, interpret=interpret)
+    call = functools.partial(_tpu.call, vmem_limit=budget.limit, interpret=interpret)
+    if streamed:
+        x = _streamed_call(call, g, inputs, ops, arranged, staged, stages, out_shape, k=k, m=m,
+                           kind=kind, transposed=transposed, parts=parts)
+    else:
+        scratch = [vmem((k * k * g.total_rows, lanes), jnp.float32)] * parts
+        scratch += [vmem((k * m * g.total_rows, lanes), jnp.float32)] * parts
+        scratch += [vmem((carried * parts, *g.tile), jnp.float32)]
+        kernel = functools.partial(_kernel, g=g, ops=ops, arranged=arranged, staged=staged, k=k,
+                                   m=m, kind=kind, transposed=transposed, parts=parts)
+        x = call(kernel, g, inputs, in_specs, [out_shape] * parts,
+                 [_spec(g, rows, chunk_out, arranged[-1], k * m)] * parts, scratch + stages,
+                 steps=2 * C, name=f"tridiax_{kind}_tpu")
     x = [arranged[-1].unview(part, N) for part in x]
     x = jax.lax.complex(*x) if complex_ else x[0]
     return _swap(x) if swapped else x
+
+
+def _streamed_call(call, g, inputs, ops, arranged, staged, stages, out_shape, *, k, m, kind,
+                   transposed, parts):
+    """The two streamed kernels (`call`: `_tpu.call` with the VMEM limit): the forward sweep
+    reads every input once and writes E and y (float32, rows minor) chunk by chunk, the back
+    substitution reads them last chunk first and writes x."""
+    C, rows = g.chunks, _tpu.Operand("rows")
+    vmem = _tpu.pltpu.VMEM
+    Pv, Qv = inputs[-1].shape[0], inputs[-1].shape[-1]
+    works = [work_arrangement(k, k), work_arrangement(k, m)]
+    work_shapes = [jax.ShapeDtypeStruct((Pv, *how.sizes(g.N), Qv), jnp.float32)
+                   for how in works for _ in range(parts)]
+
+    def forward_chunk(s):
+        return s
+
+    def backward_chunk(s):
+        return C - 1 - s
+
+    def work_specs(chunk_of):
+        return [how.spec(g, True, chunk_of) for how in works for _ in range(parts)]
+
+    entries = (k * k,) * len(ops) + (k * m,)
+    in_specs = [_spec(g, op, forward_chunk, how, e)
+                for op, how, e in zip((*ops, rows), arranged, entries, strict=True)
+                for _ in range(parts)]
+    kernel = functools.partial(_streamed_forward, g=g, ops=ops, arranged=arranged, staged=staged,
+                               k=k, m=m, kind=kind, transposed=transposed, parts=parts)
+    scratch = [vmem((_carried(k, m, kind) * parts, *g.tile), jnp.float32), *stages]
+    work = call(kernel, g, inputs, in_specs, work_shapes, work_specs(forward_chunk), scratch,
+                steps=C, name=f"tridiax_{kind}_forward_tpu")
+    out = arranged[-1]
+    scratch = [vmem(((k * m + k * k) * parts, *g.tile), jnp.float32)]
+    if out.rows_minor and out_shape.dtype.itemsize < 4:
+        scratch.append(vmem((*works[1].sizes(g.rows), g.s * _tpu.LANES), jnp.float32))
+    kernel = functools.partial(_streamed_backward, out=out, k=k, m=m, g=g, parts=parts)
+    return call(kernel, g, work, work_specs(backward_chunk), [out_shape] * parts,
+                [_spec(g, rows, backward_chunk, out, k * m)] * parts, scratch, steps=C,
+                name=f"tridiax_{kind}_backward_tpu")
