@@ -8,7 +8,8 @@ every broadcast of the bands in every layout of the kernel (`_pallas/tpu.py`), a
 several chunks, whose steps read the previous chunk's rows from the halo (the bands in
 float32 stages, or SMEM scalars for a matrix shared by every system). Each case compiles a
 program of its own, so the cases are fewer than the native kernel's. The plain tests check
-what only this kernel has: its VMEM plan and the fallback for systems too long for it. The
+what only this kernel has: its VMEM plan, the streamed kernels for systems too long for it,
+and XLA's loop under a budget too small even for those. The
 kernel compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
 """
 
@@ -17,7 +18,17 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from banded_contract import KINDS, SHORT, BandedKernelContract, check, compiled, problem
+from banded_contract import (
+    KINDS,
+    SHORT,
+    BandedKernelContract,
+    assert_close,
+    check,
+    compiled,
+    condition,
+    problem,
+    xla_solve,
+)
 
 from tridiax._banded import pallas_tpu as _tpu_banded
 from tridiax._pallas import tpu as _tpu
@@ -97,8 +108,55 @@ def test_vmem_plan_narrows_the_row_tile_and_falls_back_for_long_systems(monkeypa
                                            interpret=_tpu.interpret_params())), clean, b, l, u, False)
     monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 16)
     assert not _tpu_banded.fits(ab.shape, 1, 260, 1024, np.float32, l=l, u=u, kind=kind)
+    assert _tpu_banded._plan(1, 260, 1024, ab, b, np.float32, l=l, u=u, kind=kind, transposed=False,
+                             streamed=True) is None
     check(np.asarray(_tpu_banded.solve_pnq(jnp.asarray(ab), jnp.asarray(b), **options)), clean, b,
           l, u, False)
+
+
+# (l, u, kind, (P, N, Q), ab's shape (None: full), dtype, transposed, stored): chunks of 128
+# rows; every layout ("lanes", "sublanes" with the halo, "transposed" batch-first systems);
+# a last chunk of one row (257); the work arrays spilling into a chunk past the last (383 + D
+# = 4 > 3 * 128); a wide band; a matrix shared by every system (SMEM scalars and their halo);
+# complex64 and bfloat16; a Hermitian matrix given as its lower triangle.
+STREAMED = [(2, 1, "banded_pivoted", (1, 300, 130), None, np.float32, True, None),
+            (2, 1, "banded_pivoted", (13, 300, 5), None, np.float32, True, None),
+            (3, 1, "banded_hermitian", (129, 1000, 1), None, np.float32, True, None),
+            (1, 3, "banded_pivoted", (1, 257, 130), None, np.complex64, True, None),
+            (2, 2, "banded_pivoted", (1, 383, 130), None, jnp.bfloat16, False, None),
+            (8, 8, "banded_pivoted", (3, 300, 19), None, np.float32, False, None),
+            (1, 2, "banded", (2, 300, 1030), (1, 300, 1), np.float32, False, None),
+            (2, 2, "banded_hermitian", (3, 300, 19), None, np.complex64, True, "lower")]
+
+
+@pytest.mark.parametrize("l, u, kind, shape, ab_shape, dtype, transposed, stored", STREAMED)
+def test_systems_too_long_for_vmem_stream_u_and_y(l, u, kind, shape, ab_shape, dtype, transposed, stored,
+                                                  monkeypatch):
+    """Under a VMEM budget too small for U's rows of the whole system, two kernels run (the
+    forward elimination writing the kept rows of U and y to HBM, D = l + u rows down, the back
+    substitution reading them last chunk first), not XLA's loop: against scipy and the XLA
+    formulation."""
+    ab, b, clean = problem(l, u, kind, shape, ab_shape, dtype=dtype, seed=l + 2 * u)
+    P, N, Q = shape
+    options = dict(l=l, u=u, kind=kind, transposed=transposed)
+    want = xla_solve(ab, b, **options)
+    if stored is not None:
+        ab = ab[u:] if stored == "lower" else ab[:u + 1]
+    arrays = jnp.asarray(ab), jnp.asarray(b)
+    budget = next(s for s in (int(1.1 ** e) for e in range(200, 100, -1))
+                  if _tpu_banded._plan(P, N, Q, *arrays, dtype, **options, budget=s) is None)
+    g = _tpu_banded._plan(P, N, Q, *arrays, dtype, **options, budget=budget, streamed=True)
+    assert g is not None and g.chunks > 2
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("XLA's loop ran")
+
+    monkeypatch.setattr(_tpu_banded._xla, "solve_pnq", refuse)
+    got = np.asarray(_tpu_banded.solve_pnq(*arrays, **options, out_dtype=dtype, stored=stored,
+                                           interpret=_tpu.interpret_params()))
+    check(got, clean, b, l, u, transposed)
+    assert_close(got, want, dtype, condition(clean, l, u, b.shape, transposed))
 
 
 def test_invalid():
