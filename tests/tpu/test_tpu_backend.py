@@ -242,10 +242,10 @@ def test_complex_banded_solves_and_their_gradients(hermitian):
 
 def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem():
     """Fewer systems than one (8, 128) row tile holds are split into chunks until they fill
-    eight grid steps of such tiles; systems too long for VMEM into chunks that fit. Batches of
-    a row tile or more that fit run whole, and so do short systems and systems narrower than
-    128 lanes along Q (the composed sweeps would pad them). Recurrences keep no rows in VMEM:
-    chunked for lanes only."""
+    eight grid steps of such tiles (and, when too long for VMEM, into chunks that fit). Batches
+    of a row tile or more run whole (streamed when too long for VMEM), and so do short systems
+    and systems narrower than 128 lanes along Q (the composed sweeps would pad them).
+    Recurrences keep no rows in VMEM: chunked for lanes only."""
     def chunk(P, N, Q, kind="thomas"):
         return _planner.solve_chunk(P, N, Q, jnp.float32, kind=kind, backend="pallas_tpu",
                                     platform="tpu")
@@ -260,9 +260,13 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
     m = chunk(1, 100000, 128)
     assert m % _planner.TPU_CHUNK_ROWS == 0 and 100000 % m == 0 and 100000 // m >= 50
     assert chunk(1, 3000, 4) == 0 and chunk(4, 3000, 1) == 0
+    # too long for VMEM: a full row tile streams its work rows through HBM (two sweeps);
+    # half a row tile is chunked, into chunks that fit
     assert not tpu_thomas.fits(1, 60000, 1024, jnp.float32)
-    m = chunk(1, 60000, 1024)
-    assert 0 < m <= _planner.TPU_MAX_CHUNK and tpu_thomas.fits(60000 // m, m, 1024, jnp.float32)
+    assert all(chunk(1, 60000, 1024, kind=kind) == 0 for kind in ("thomas", "periodic", "pivoted"))
+    for kind in ("thomas", "pivoted"):
+        m = chunk(1, 60000, 512, kind=kind)
+        assert 0 < m <= _planner.TPU_MAX_CHUNK and tpu_thomas.fits(60000 // m, m, 512, jnp.float32, kind=kind)
     assert chunk(1, 3000, 4, kind="factored") == 0  # never chunked
     assert _planner.recurrence_chunk(8192, 1000, 1, jnp.float32, linear=True, backend="pallas_tpu",
                                      platform="tpu") == 0
@@ -290,6 +294,32 @@ def test_few_long_systems_are_solved_in_chunks(kind):
     got = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend=BACKEND, **options), ops[3])[1](cotangent)
     ref = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend="xla", **options), ops[3])[1](cotangent)
     np.testing.assert_allclose(got[0], ref[0], rtol=2e-5, atol=2e-5 * np.abs(ref[0]).max())
+
+
+def test_a_row_tile_of_systems_too_long_for_vmem_streams_its_work_rows(monkeypatch):
+    """1024 systems (a full row tile) too long for the VMEM budget: not chunked but solved by
+    the two streamed sweeps, forward and (the transposed solve) in the gradient: against
+    scipy, and the gradient w.r.t. rhs against XLA's loop."""
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 19)
+    N, B = 600, 1024
+    assert not tpu_thomas.fits(1, N, B, jnp.float32)
+    assert _planner.solve_chunk(1, N, B, jnp.float32, kind="thomas", backend=BACKEND, platform="cpu") == 0
+    calls, streamed = [], tpu_thomas._streamed_solve
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["transposed"])
+        return streamed(*args, **kwargs)
+
+    monkeypatch.setattr(tpu_thomas, "_streamed_solve", spy)
+    ops = [jnp.asarray(v) for v in _bands((N, B), seed=12)]
+    x = solve(*ops, axis=0, backend=BACKEND)
+    want = verify.reference_solve(*(np.asarray(v, np.float64) for v in ops), axis=0)
+    np.testing.assert_allclose(x, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    cotangent = jnp.asarray(np.random.default_rng(13).uniform(-1, 1, (N, B)), jnp.float32)
+    got = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend=BACKEND), ops[3])[1](cotangent)
+    ref = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend="xla"), ops[3])[1](cotangent)
+    np.testing.assert_allclose(got[0], ref[0], rtol=2e-5, atol=2e-5 * np.abs(ref[0]).max())
+    assert calls == [False, False, True]
 
 
 def test_few_long_recurrences_run_in_chunks():

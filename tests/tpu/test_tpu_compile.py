@@ -2,7 +2,8 @@
 the rows, each kernel's scoped VMEM (as the compiler allotted it, pipeline buffers included)
 within the budget the kernels plan for and the limit they ask for, and the bytes the program
 moves through HBM against the floor: one read of every input, one write of the output; for a
-gradient, that and the adjoint's (`_floor`).
+gradient, that and the adjoint's; for a system too long for VMEM, that and its work rows
+written and read once (`_floor`).
 
 The HBM bytes are read from the compiled program (`tpu_aot`, `hbm_bytes`): every top-level
 instruction's operands and results in HBM, not those XLA keeps in VMEM between kernels. XLA's
@@ -129,7 +130,9 @@ def _factors(factorization):
 
 # name: (function, argument specs, kernels it must compile to, held to the floor (within
 # FLOOR_FACTOR): "program", its program's HBM bytes (a gradient's ("grad-") floor is the
-# adjoint's too, `_floor`); "kernels", each kernel's operands and result; None, neither)
+# adjoint's too, `_floor`); ("streamed", w), its program's bytes, the floor counting w float32
+# work arrays written and read again (`_floor`); "kernels", each kernel's operands and result;
+# None, neither)
 ENTRY_POINTS = {
     # batch-first, stored row-major: transposed on chip by "transposed" row tiles
     "solve-batch-first-f32": (_solve(-1), [((4096, 1024), "float32")] * 4, 1, "program"),
@@ -179,6 +182,11 @@ ENTRY_POINTS = {
                                [((3, 8, 1000, 512), "float32"), ((8, 1000, 512), "float32")], 1, "program"),
     "grad-banded-f32": (_grad(lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0), (0, 1)),
                         [((5, 1000, 4096), "float32"), ((1000, 4096), "float32")], 2, "program"),
+    # too long for VMEM: U's kept rows (1/pivot and l + u superdiagonals with pivoting) and y
+    # streamed through HBM
+    "banded-longer-than-vmem-f32": (lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0),
+                                    [((5, 30000, 1024), "float32"), ((30000, 1024), "float32")], 2,
+                                    ("streamed", 6)),
     # solveh_banded: the kernel reads the other triangle's entries from the stored one
     "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
                           [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, "program"),
@@ -226,12 +234,24 @@ ENTRY_POINTS = {
     "solveh-block-complex64-k3": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=1),
                                   _block_specs((4, 1000, 512), 3, "complex64")[1:], 1, "kernels"),
     "grad-block-f32": (_grad(_block(0), (0, 1, 2, 3)), _block_specs((1000, 4096), 2, "float32"), 2, "program"),
-    # too long for VMEM: the partition method composed around the kernel (five sweeps, each
-    # writing every row: 6x the floor, not held to it), no XLA loop
-    "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 6, "kernels"),
-    # few long systems narrower than 128 lanes, too long for VMEM: the work rows streamed
-    # through HBM in two kernels (1.8x the floor; periodic: z too, and x = y - f z by XLA)
-    "solve-long-narrow-f32": (_solve(0), [((1000000, 64), "float32")] * 4, 2, None),
+    # too long for VMEM: E and y streamed through HBM (k + 1 solution-sized arrays a row)
+    "block-longer-than-vmem-k8-f32": (_block(0), _block_specs((3000, 1024), 8, "float32"), 2, ("streamed", 9)),
+    "block-longer-than-vmem-batch-first-f32": (_block(-1), _block_specs((1024, 30000), 2, "float32"), 2,
+                                               ("streamed", 3)),
+    # too long for VMEM: two sweeps, the work rows (c' and y') streamed through HBM: held to the
+    # floor of a solve that cannot keep its rows on chip ("streamed", `_floor`)
+    "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 2, ("streamed", 2)),
+    "solve-long-narrow-f32": (_solve(0), [((1000000, 64), "float32")] * 4, 2, ("streamed", 2)),
+    # pivoted: U's rows (pivot, two super-diagonals, y') streamed
+    "solve-pivoted-longer-than-vmem-f32": (_solve(0, pivoting=True), [((30000, 1024), "float32")] * 4,
+                                           2, ("streamed", 4)),
+    "solve-pivoted-long-narrow-f32": (_solve(0, pivoting=True), [((1000000, 64), "float32")] * 4,
+                                      2, ("streamed", 4)),
+    # periodic: z' streamed too, and x = y - f z formed by XLA (more than the streamed floor's
+    # array passes: not held)
+    "solve-periodic-pivoted-long-narrow-f32": (
+        lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0, pivoting=True),
+        [((1000000, 64), "float32")] * 4, 2, None),
     "solve-periodic-long-narrow-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
                                        [((1000000, 64), "float32")] * 4, 2, None),
     # few long sequences: chunked for lanes
@@ -260,8 +280,16 @@ def _bytes(specs) -> int:
 
 
 def _floor(name) -> int:
-    fn, specs, _, _ = ENTRY_POINTS[name]
-    return _floor_of(fn, specs, gradient=name.startswith("grad-"))
+    """`_floor_of` the entry point; a streamed solve's counts its work arrays (float32, the
+    solution's shape) written by the forward sweep and read by the back substitution: no
+    solve of systems longer than VMEM moves less (chunks re-read the bands instead)."""
+    fn, specs, _, held = ENTRY_POINTS[name]
+    floor = _floor_of(fn, specs, gradient=name.startswith("grad-"))
+    if isinstance(held, tuple):
+        _, work = held
+        x = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d in specs])
+        floor += 2 * work * x.size * 4
+    return floor
 
 
 def _floor_of(fn, specs, *, gradient: bool) -> int:
@@ -280,6 +308,7 @@ def _problems(name, report, *, gradient_program=True):
     program bytes to its floor (else only its kernels': where XLA's VMEM placements leave a
     margin of one array, which they have been seen to vary by between compiles)."""
     _, specs, kernels, held = ENTRY_POINTS[name]
+    held = held[0] if isinstance(held, tuple) else held
     if report.error:
         return [f"{name}: {report.error}"]
     problems = []
@@ -297,7 +326,7 @@ def _problems(name, report, *, gradient_program=True):
             problems.append(f"{name}: {k.name} runs under {k.vmem_limit_bytes} B of scoped VMEM, "
                             f"not {vmem.limit}")
     floor = _floor(name)
-    program = held == "program" and (gradient_program or not name.startswith("grad-"))
+    program = held in ("program", "streamed") and (gradient_program or not name.startswith("grad-"))
     if program and report.hbm_bytes > FLOOR_FACTOR * floor:
         problems.append(f"{name}: {report.hbm_bytes:.4g} B through HBM, floor {floor:.4g}")
     if held and not program and name.startswith("grad-"):  # each kernel: a forward call's floor

@@ -63,10 +63,10 @@ GPU_MIN_ROWS = 4096
 # A GPU reads global memory in sectors of this many bytes: a row of a Pallas tile narrower than
 # a sector along Q (batch-first data: Q = 1) fetches a sector per system for a few bytes of it.
 GPU_SECTOR_BYTES = 32
-# TPU: systems too long for VMEM (`_tridiagonal/pallas_tpu.py`, `fits`), or too few to fill one
-# (8, 128) row tile (TPU_TILE_SYSTEMS), are chunked, into chunks of at most TPU_MAX_CHUNK rows
-# and enough lanes (systems times chunks) for eight grid steps of full row tiles (TPU_LANES),
-# so that Pallas's pipeline overlaps each step's copies with the previous one's sweep.
+# TPU: systems too few to fill one (8, 128) row tile (TPU_TILE_SYSTEMS) are chunked, unless
+# short, into chunks of at most TPU_MAX_CHUNK rows and enough lanes (systems times chunks) for
+# eight grid steps of full row tiles (TPU_LANES), so that Pallas's pipeline overlaps each step's
+# copies with the previous one's sweep.
 TPU_TILE_SYSTEMS = 8 * 128
 TPU_LANES = 8 * TPU_TILE_SYSTEMS
 TPU_MAX_CHUNK = 4096
@@ -251,10 +251,16 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         from .._tridiagonal import pallas_tpu as _tpu_thomas
 
         fits = _tpu_thomas.fits(P, N, Q, dtype, kind=kind, budget=_tpu_budget())
-        if fits and (systems >= TPU_TILE_SYSTEMS or N < 2 * TPU_MAX_CHUNK // 8):
+        # A row tile of systems or more runs whole: in one kernel where it fits VMEM, else in
+        # the two streamed sweeps (their work rows through HBM: 9 array passes, 13 pivoted),
+        # every lane of the tile busy as in chunks, at a third of the bytes of the composed
+        # partition method (sweeps that each write every row) and with no check of pivoted
+        # chunks' answer.
+        if systems >= TPU_TILE_SYSTEMS or (fits and N < 2 * TPU_MAX_CHUNK // 8):
             return 0
         # The composed sweeps' XLA work on (P, C, m, Q) arrays pads a Q narrower than a tile's
-        # 128 lanes to 128 ("tpu_chunks_need_lanes"): such systems run whole, or XLA's loop.
+        # 128 lanes to 128 ("tpu_chunks_need_lanes"): such systems run whole (streamed when
+        # too long for VMEM).
         if Q < TPU_MIN_CHUNKED_LANES:
             return 0
         target = int(np.clip(N * systems // TPU_LANES, 2 * MIN_CHUNK, TPU_MAX_CHUNK))
