@@ -245,7 +245,8 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
     eight grid steps of such tiles (and, when too long for VMEM, into chunks that fit). Batches
     of a row tile or more run whole (streamed when too long for VMEM), and so do short systems
     and systems narrower than 128 lanes along Q (the composed sweeps would pad them).
-    Recurrences keep no rows in VMEM: chunked for lanes only."""
+    Recurrences keep no rows in VMEM: chunked for lanes only, and not where a row tile holds
+    one sublane (the kernel runs such chunks as eight runs side by side)."""
     def chunk(P, N, Q, kind="thomas"):
         return _planner.solve_chunk(P, N, Q, jnp.float32, kind=kind, backend="pallas_tpu",
                                     platform="tpu")
@@ -273,9 +274,12 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
     assert _planner.recurrence_chunk(1, 60000, 1024, jnp.float32, linear=True, backend="pallas_tpu",
                                      platform="tpu") == 0  # a full row tile
     for T in (60000, 100000):
-        m = _planner.recurrence_chunk(1, T, 128, jnp.float32, linear=True, backend="pallas_tpu",
+        m = _planner.recurrence_chunk(1, T, 256, jnp.float32, linear=True, backend="pallas_tpu",
                                       platform="tpu")
-        assert m and T // m * 128 >= _planner.TPU_LANES and m % _planner.TPU_CHUNK_ROWS == 0 and T % m == 0
+        assert m and T // m * 256 >= _planner.TPU_LANES and m % _planner.TPU_CHUNK_ROWS == 0 and T % m == 0
+        # row tiles of one sublane: eight runs side by side in the kernel instead
+        assert _planner.recurrence_chunk(1, T, 128, jnp.float32, linear=True, backend="pallas_tpu",
+                                         platform="tpu") == 0
 
 
 @pytest.mark.parametrize("kind", ["thomas", *KINDS])
@@ -323,12 +327,15 @@ def test_a_row_tile_of_systems_too_long_for_vmem_streams_its_work_rows(monkeypat
 
 
 def test_few_long_recurrences_run_in_chunks():
+    """256 sequences (row tiles of two sublanes) are chunked for lanes; 128 or fewer (one
+    sublane) run whole, the kernel running each chunk as eight runs side by side."""
     rng = np.random.default_rng(11)
-    a, x = (jnp.asarray(rng.uniform(-1, 1, (2000, 128)), jnp.float32) for _ in range(2))
-    assert _planner.recurrence_chunk(1, 2000, 128, jnp.float32, linear=True, backend=BACKEND,
+    a, x = (jnp.asarray(rng.uniform(-1, 1, (2000, 256)), jnp.float32) for _ in range(2))
+    assert _planner.recurrence_chunk(1, 2000, 256, jnp.float32, linear=True, backend=BACKEND,
                                      platform="cpu") > 0
-    assert _planner.recurrence_chunk(3, 2000, 1, jnp.float32, linear=True, backend=BACKEND,
-                                     platform="cpu") == 0  # narrow Q: whole
+    for P, Q in [(1, 128), (3, 1), (1, 4)]:
+        assert _planner.recurrence_chunk(P, 2000, Q, jnp.float32, linear=True, backend=BACKEND,
+                                         platform="cpu") == 0
     h = recurrence(a, x, axis=0, backend=BACKEND)
     np.testing.assert_allclose(h, _scan(a, x, axis=0), rtol=1e-5, atol=1e-5)
 

@@ -395,6 +395,73 @@ def test_complex_recurrence(case):
     assert error < 1e-5, error
 
 
+def _loop_recurrence(a, x, h0, *, dtype, reverse, shifted, final_only):
+    """The linear recurrence of `_reference_recurrence`, NumPy's loop in `dtype` (float32 or
+    complex64: the sequential loop; float64 or complex128: the exact answer)."""
+    a, x, h0 = (np.asarray(jnp.asarray(v).astype(jnp.complex64 if jnp.iscomplexobj(v) else jnp.float32))
+                .astype(dtype) for v in (a, x, h0))
+    shape = np.broadcast_shapes(a.shape, x.shape, h0.shape)
+    a, x = np.broadcast_to(a, shape), np.broadcast_to(x, shape)
+    state, previous, out = np.broadcast_to(h0[:, 0], (shape[0], shape[2])), None, np.zeros(shape, dtype)
+    for t in (range(shape[1] - 1, -1, -1) if reverse else range(shape[1])):
+        c = a[:, t] if not shifted else (np.zeros((), dtype) if previous is None else a[:, previous])
+        state = (c * state + x[:, t]).astype(dtype)
+        out[:, t], previous = state, t
+    return state[:, None] if final_only else out
+
+
+# (layout, P, T, Q, dtype, reverse, shifted, final_only, a's shape ("full", "tile": one decay a
+# system, "scalar": one a step for every system)): recurrences whose row tiles hold one
+# sublane, run as eight runs of steps side by side: several chunks of 256 steps, the last
+# ragged (1001: 233 steps, not a multiple of eight; 517: five, fewer than the runs; 3 steps in
+# all), every layout that has such tiles, both directions, shifted, final states only.
+SEGMENT_CASES = [
+    ("lanes", 1, 1001, 128, F32, False, False, False, "full"),
+    ("lanes", 2, 1001, 128, F32, True, True, False, "full"),
+    ("transposed", 1, 517, 1, F32, False, True, False, "full"),
+    ("transposed", 100, 517, 1, BF16, True, False, False, "full"),
+    ("transposed", 3, 3, 1, F32, True, True, False, "full"),
+    ("sublanes", 1, 1003, 4, F32, True, True, True, "full"),
+    ("sublanes", 1, 300, 3, C64, False, True, False, "full"),
+    ("transposed", 1, 517, 1, C64, True, False, False, "full"),
+    ("lanes", 1, 700, 128, F32, False, True, False, "tile"),
+    ("sublanes", 1, 700, 5, F32, True, True, False, "scalar"),
+]
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{np.dtype(c[4]).name}"
+                                                     f"-{c[5:9]}" for c in SEGMENT_CASES])
+def test_recurrences_of_one_sublane_run_as_eight_runs_side_by_side(case):
+    """Against the exact (float64) recurrence, as accurate as NumPy's float32 sequential loop
+    (within a few times its error): coefficients near one in size, so that errors carry far.
+    Breaking the runs' entering states (the combination of the runs' ends) or a shifted
+    run's first coefficient fails this."""
+    layout, P, T, Q, dtype, reverse, shifted, final_only, decay = case
+    assert _tpu.choose_layout(P, Q) == layout
+    g = tpu_recurrence._plan(P, T, Q, [jax.ShapeDtypeStruct((P, T, Q), jnp.float32)] * 2, F32, final_only)
+    assert tpu_recurrence.segmented(g, None)
+    rng = np.random.default_rng(T + P)
+    a_shape = {"full": (P, T, Q), "tile": (P, 1, Q), "scalar": (1, T, 1)}[decay]
+    size = rng.uniform(0.95, 1.0, a_shape) * rng.choice([-1, 1], a_shape)
+    if dtype == C64:
+        a = jnp.asarray(size * np.exp(1j * rng.uniform(-np.pi, np.pi, a_shape)), C64)
+        x, h0 = _complex(rng, (P, T, Q)), _complex(rng, (P, 1, Q))
+    else:
+        a = jnp.asarray(size).astype(dtype)
+        x, h0 = _draw(rng, (P, T, Q), dtype), _draw(rng, (P, 1, Q), dtype)
+    flags = dict(reverse=reverse, shifted=shifted, final_only=final_only)
+    h = tpu_recurrence.recurrence_pnq(a, x, h0, activation=None, out_dtype=dtype,
+                                      interpret=_tpu.interpret_params(), **flags)
+    assert h.shape == ((P, 1, Q) if final_only else (P, T, Q)) and h.dtype == dtype
+    single, wide = (np.complex64, np.complex128) if dtype == C64 else (np.float32, np.float64)
+    exact = _loop_recurrence(a, x, h0, dtype=wide, **flags)
+    sweep = np.asarray(jnp.asarray(_loop_recurrence(a, x, h0, dtype=single, **flags)).astype(dtype)).astype(wide)
+    got = np.asarray(h).astype(wide)
+    errors = [np.max(np.abs(v - exact)) / np.max(np.abs(exact)) for v in (got, sweep)]
+    eps = float(jnp.finfo(dtype).eps)
+    assert errors[0] <= 4 * errors[1] + 4 * eps, f"error {errors[0]:.3g}, the sequential loop's {errors[1]:.3g}"
+
+
 # (kind, layout, P, N, Q, dtype, transposed, VMEM budget): systems too long for VMEM whose work
 # rows stream through HBM: two launches, several chunks (the last one ragged).
 STREAMED_CASES = [

@@ -330,10 +330,15 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         count = -(-needed * 8 // lanes)
         return max(min(T, 256), T // count)
     if backend in TPU_BACKENDS:
+        from .._recurrence import pallas_tpu as _tpu_recurrence
+
         # The recurrence keeps no rows in VMEM: chunked only for lanes, into chunks of at
         # least 256 steps (a chunk's kernel call and the ends' reduction cost about that).
-        if lanes >= TPU_TILE_SYSTEMS or T < 2 * 256 or Q < TPU_MIN_CHUNKED_LANES:
-            return 0  # narrow Q: as for solves ("tpu_chunks_need_lanes")
+        # Narrow Q: as for solves ("tpu_chunks_need_lanes"). Row tiles of one sublane: the
+        # kernel runs each chunk as eight runs side by side, one read of each array.
+        if (lanes >= TPU_TILE_SYSTEMS or T < 2 * 256 or Q < TPU_MIN_CHUNKED_LANES
+                or _tpu_recurrence.runs_segments(P, T, Q, dtype)):
+            return 0
         target = max(256, T * lanes // TPU_LANES)
     elif lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
         return 0

@@ -390,6 +390,15 @@ class RowRef:
             value = value.reshape(1, self.g.s * LANES)
         self.ref[self._index(i), :] = value.astype(self.ref.dtype)
 
+    def load_rows(self, i, count: int, stride: int):
+        """Rows i, i + stride, ..., `count` of them, as one (count, s*128) value (a row along
+        lanes): a strided load along sublanes (in "sublanes", of row tiles of one sublane)."""
+        return self.ref[pl.ds(self.offset + i, count, stride=stride), :].astype(jnp.float32)
+
+    def store_rows(self, i, value, stride: int):
+        """`load_rows`' inverse: value's rows to rows i, i + stride, ..."""
+        self.ref[pl.ds(self.offset + i, value.shape[0], stride=stride), :] = value.astype(self.ref.dtype)
+
 
 class SplitRows:
     """A complex operand's (or scratch's) rows as two row accesses of the same kind, its real
@@ -405,6 +414,14 @@ class SplitRows:
         value = as_split(value)
         self.re.store(i, value.re)
         self.im.store(i, value.im)
+
+    def load_rows(self, i, count: int, stride: int):
+        return SplitComplex(self.re.load_rows(i, count, stride), self.im.load_rows(i, count, stride))
+
+    def store_rows(self, i, value, stride: int):
+        value = as_split(value)
+        self.re.store_rows(i, value.re, stride)
+        self.im.store_rows(i, value.im, stride)
 
 
 def joined(accesses):
@@ -491,6 +508,11 @@ class TileRef:
         del i
         return self.ref[...]
 
+    def load_rows(self, i, count: int, stride: int):
+        del stride
+        value = self.load(i)
+        return jnp.broadcast_to(value.reshape(1, value.size), (count, value.size))
+
 
 class ScalarRef:
     """A band shared by every system: row i is one SMEM value, splat over the row tile."""
@@ -500,6 +522,15 @@ class ScalarRef:
 
     def load(self, i):
         return jnp.full(self.g.tile, self.ref[0, i], jnp.float32)
+
+    def load_rows(self, i, count: int, stride: int):
+        """Rows i, i + stride, ... (each one value for every system), one per sublane."""
+        shape = (count, self.g.s * self.g.w)
+        sublane = lax.broadcasted_iota(jnp.int32, shape, 0)
+        value = jnp.full(shape, self.ref[0, i], jnp.float32)
+        for n in range(1, count):
+            value = jnp.where(sublane == n, self.ref[0, i + n * stride], value)
+        return value
 
 
 def stage_in(g: Geometry, block, stage, offset: int = 0):

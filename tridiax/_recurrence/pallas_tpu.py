@@ -21,11 +21,19 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
-from .._core.split_complex import SplitComplex, as_split
+from .._core.split_complex import SplitComplex, as_split, select
 from .._pallas import tpu as _tpu
+
+pltpu = _tpu.pltpu
+
+
+# Runs of steps a chunk of a linear recurrence is cut into where its row tiles hold one sublane
+# (`_segments`): one per sublane of a vector register.
+SEGMENTS = _tpu.SUBLANES
 
 
 def _relu(v):
@@ -44,7 +52,81 @@ def supports(activation) -> bool:
         return False
 
 
-def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out):
+def _map(f, v):
+    """f of a real value, or of each part of a `SplitComplex` one."""
+    return v.map(f) if isinstance(v, SplitComplex) else f(v)
+
+
+def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifted: bool, tile, parts):
+    """A linear recurrence over a chunk's `count` steps whose row tiles (`tile`: (1, w)) hold
+    one sublane, as SEGMENTS runs of R = ceil(count / SEGMENTS) steps side by side, one per
+    sublane, read by strided loads: first each run from a
+    zero state (its end state and the product of the coefficients it applied), then the state
+    entering each run from those, in scan order from `h_start`, then every run again from its
+    entering state, writing each step's state to `sink` (None: final state only). The
+    dependent steps are 2R + SEGMENTS instead of `count`; every state is the sequential
+    recurrence's from the state entering its run. Steps past `count` (the last run's) leave
+    the state as it is. `a_start`: the coefficient of the step before the chunk (`shifted`).
+    Returns the state after the last step in scan order and that step's a."""
+    S = SEGMENTS
+    R = -(-count // S)
+    width = tile[0] * tile[-1]  # a row's values, laid along lanes
+    pa, px = parts
+    ph = max(parts)
+    sub = lax.broadcasted_iota(jnp.int32, (S, 1), 0)
+
+    def wide(v):  # a row tile, the same in every run
+        return _map(lambda p: jnp.broadcast_to(p.reshape(1, width), (S, width)), v)
+
+    def run_of(v, s: int):
+        return _map(lambda p: p[s:s + 1], v)
+
+    # the coefficient of each run's first step when shifted: the step before it in scan order,
+    # the last of the run before it (or the chunk's neighbour: `a_start`)
+    if reverse:
+        ahead = _map(lambda p: pltpu.roll(p, S - 1, 0), a.load_rows(0, S, R))
+        a_first = select((sub + 1) * R >= count, wide(a_start), ahead)
+    else:
+        behind = _map(lambda p: pltpu.roll(p, 1, 0), a.load_rows(R - 1, S, R))
+        a_first = select(sub == 0, wide(a_start), behind)
+
+    def step(i, h, a_before):
+        a_now, x_now = a.load_rows(i, S, R), x.load_rows(i, S, R)
+        c = a_before if shifted else a_now
+        if S * R != count:
+            valid = sub * R + i < count
+            c, x_now, a_now = select(valid, c, 1.0), select(valid, x_now, 0.0), select(valid, a_now, a_before)
+        return c * h + x_now, a_now, c
+
+    def split(values, *counts):
+        return tuple(as_split(v) if n == 2 else v for v, n in zip(values, counts, strict=True))
+
+    def alone(i, carry):
+        h, a_before, product = carry
+        h, a_now, c = step(i, h, a_before)
+        return split((h, a_now, c * product), ph, pa, pa)
+
+    zero = jnp.zeros((S, width), jnp.float32)
+    ends, _, products = _tpu.loop(R, alone, split((zero, a_first, zero + 1), ph, pa, pa), reverse=reverse)
+    entering, h = wide(h_start), run_of(wide(h_start), 0)
+    for s in (range(S - 2, -1, -1) if reverse else range(1, S)):
+        before = s + 1 if reverse else s - 1
+        h = run_of(products, before) * h + run_of(ends, before)
+        entering = select(sub == s, _map(lambda p: jnp.broadcast_to(p, (S, width)), h), entering)
+
+    def again(i, carry):
+        h, a_before = carry
+        h, a_now, _ = step(i, h, a_before)
+        if sink is not None:
+            sink.store_rows(i, h, R)
+        return split((h, a_now), ph, pa)
+
+    h, _ = _tpu.loop(R, again, split((entering, a_first), ph, pa), reverse=reverse)
+    last = _map(lambda p: p.reshape(tile), run_of(h, 0 if reverse else S - 1))
+    return last, a.load(0 if reverse else count - 1)
+
+
+def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out, segmented):
     """Refs: a's and x's blocks, h0's tile, h's block (the parts of each: `parts` of a and
     x, h0 and h complex where either is), then the state and the previous step's a (their
     parts), the stages of staged operands and of h."""
@@ -99,7 +181,13 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out)
         put(state, h)
         put(previous, a_last)
 
-    _tpu.over_rows(g, j, run)
+    def run_segments(count):
+        h, a_last = _segments(a, x, sink, get(state), get(previous), count=count, reverse=reverse,
+                              shifted=shifted, tile=g.tile, parts=parts)
+        put(state, h)
+        put(previous, a_last)
+
+    _tpu.over_rows(g, j, run_segments if segmented else run)
     if staged_out:
         _tpu.stage_out_parts(g, sink, h_refs)
     if final_only:
@@ -123,6 +211,22 @@ def _plan(P, T, Q, operands, out_dtype, final_only, budget=None):
                               outputs=[] if final_only else [out_part.itemsize] * ph)
 
     return _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)
+
+
+def segmented(g, activation) -> bool:
+    """Whether the kernel runs each chunk as SEGMENTS runs side by side (`_segments`): linear
+    recurrences whose row tiles hold one sublane (at most 128 sequences a group, or one
+    system's row of Q < 128 in the "sublanes" layout), which would leave seven of a vector
+    register's eight sublanes idle. (Wider row tiles keep a row in several registers, whose
+    rows Mosaic cannot load strided: a strided load needs a base of 128 lanes.)"""
+    return activation is None and g.s == 1
+
+
+def runs_segments(P: int, T: int, Q: int, dtype) -> bool:
+    """Whether a linear recurrence over (P, T, Q) of `dtype` runs `_segments` (`segmented`)."""
+    parts, part_dtype = _tpu.split_dtype(dtype)
+    operands = [jax.ShapeDtypeStruct((P, T, Q), part_dtype)] * (2 * parts)
+    return segmented(_plan(P, T, Q, operands, dtype, False, _tpu.vmem().budget), None)
 
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
@@ -170,7 +274,8 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     kernel = functools.partial(_kernel, g=g, ops=ops, parts=(len(a_parts), len(x_parts)),
                                reverse=reverse, shifted=shifted,
                                act=ACTIVATIONS[activation] or (lambda v: v),
-                               final_only=final_only, staged_out=staged_out)
+                               final_only=final_only, staged_out=staged_out,
+                               segmented=segmented(g, activation))
     h = _tpu.call(kernel, g, inputs, in_specs, [out_shape] * ph, [out_spec] * ph, scratch,
                   steps=g.chunks, name="tridiax_recurrence_tpu", vmem_limit=budget.limit,
                   interpret=interpret)
