@@ -479,10 +479,10 @@ STREAMED_CASES = [
     ("pivoted", "lanes", 1, 1025, 130, F32, False, 3 << 19),
     ("pivoted", "lanes", 1, 1026, 130, BF16, True, 3 << 19),
     ("pivoted", "transposed", 3, 901, 1, F32, True, 2 << 20),
-    ("pivoted", "sublanes", 9, 900, 3, C64, False, 4 << 20),
+    ("pivoted", "sublanes", 9, 300, 3, C64, False, 11 << 18),
     ("periodic_pivoted", "lanes", 1, 1025, 130, F32, True, 3 << 19),
     ("periodic_pivoted", "transposed", 3, 1026, 1, BF16, False, 2 << 20),
-    ("periodic_pivoted", "sublanes", 9, 900, 3, C64, True, 4 << 20),
+    ("periodic_pivoted", "sublanes", 9, 300, 3, C64, True, 3 << 20),
 ]
 
 
