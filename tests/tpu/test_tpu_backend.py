@@ -245,8 +245,7 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
     eight grid steps of such tiles (and, when too long for VMEM, into chunks that fit). Batches
     of a row tile or more run whole (streamed when too long for VMEM), and so do short systems
     and systems narrower than 128 lanes along Q (the composed sweeps would pad them).
-    Recurrences keep no rows in VMEM: chunked for lanes only, and not where a row tile holds
-    one sublane (the kernel runs such chunks as eight runs side by side)."""
+    Recurrences are never chunked (`test_few_long_recurrences_run_whole_as_runs_side_by_side`)."""
     def chunk(P, N, Q, kind="thomas"):
         return _planner.solve_chunk(P, N, Q, jnp.float32, kind=kind, backend="pallas_tpu",
                                     platform="tpu")
@@ -269,16 +268,8 @@ def test_the_planner_chunks_what_would_leave_a_tensorcore_idle_or_not_fit_vmem()
         m = chunk(1, 60000, 512, kind=kind)
         assert 0 < m <= _planner.TPU_MAX_CHUNK and tpu_thomas.fits(60000 // m, m, 512, jnp.float32, kind=kind)
     assert chunk(1, 3000, 4, kind="factored") == 0  # never chunked
-    assert _planner.recurrence_chunk(8192, 1000, 1, jnp.float32, linear=True, backend="pallas_tpu",
-                                     platform="tpu") == 0
-    assert _planner.recurrence_chunk(1, 60000, 1024, jnp.float32, linear=True, backend="pallas_tpu",
-                                     platform="tpu") == 0  # a full row tile
-    for T in (60000, 100000):
-        m = _planner.recurrence_chunk(1, T, 256, jnp.float32, linear=True, backend="pallas_tpu",
-                                      platform="tpu")
-        assert m and T // m * 256 >= _planner.TPU_LANES and m % _planner.TPU_CHUNK_ROWS == 0 and T % m == 0
-        # row tiles of one sublane: eight runs side by side in the kernel instead
-        assert _planner.recurrence_chunk(1, T, 128, jnp.float32, linear=True, backend="pallas_tpu",
+    for P, T, Q in [(8192, 1000, 1), (1, 60000, 1024), (1, 100000, 128), (1, 100000, 256)]:
+        assert _planner.recurrence_chunk(P, T, Q, jnp.float32, linear=True, backend="pallas_tpu",
                                          platform="tpu") == 0
 
 
@@ -326,16 +317,16 @@ def test_a_row_tile_of_systems_too_long_for_vmem_streams_its_work_rows(monkeypat
     assert calls == [False, False, True]
 
 
-def test_few_long_recurrences_run_in_chunks():
-    """256 sequences (row tiles of two sublanes) are chunked for lanes; 128 or fewer (one
-    sublane) run whole, the kernel running each chunk as eight runs side by side."""
+def test_few_long_recurrences_run_whole_as_runs_side_by_side():
+    """A TPU never splits a recurrence into chunks: fewer sequences than a row tile holds run
+    in row tiles of one sublane, each chunk as eight runs side by side (`segmented`)."""
     rng = np.random.default_rng(11)
     a, x = (jnp.asarray(rng.uniform(-1, 1, (2000, 256)), jnp.float32) for _ in range(2))
-    assert _planner.recurrence_chunk(1, 2000, 256, jnp.float32, linear=True, backend=BACKEND,
-                                     platform="cpu") > 0
-    for P, Q in [(1, 128), (3, 1), (1, 4)]:
+    for P, Q in [(1, 256), (1, 128), (3, 1), (300, 1), (1, 4)]:
         assert _planner.recurrence_chunk(P, 2000, Q, jnp.float32, linear=True, backend=BACKEND,
                                          platform="cpu") == 0
+    g = tpu_recurrence._plan(1, 2000, 256, [a[None], x[None]], jnp.float32, False, linear=True)
+    assert g.s == 1 and g.groups == (1, 2) and tpu_recurrence.segmented(g, None)
     h = recurrence(a, x, axis=0, backend=BACKEND)
     np.testing.assert_allclose(h, _scan(a, x, axis=0), rtol=1e-5, atol=1e-5)
 

@@ -254,12 +254,12 @@ ENTRY_POINTS = {
         [((1000000, 64), "float32")] * 4, 2, None),
     "solve-periodic-long-narrow-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
                                        [((1000000, 64), "float32")] * 4, 2, None),
-    # few long sequences: each chunk as eight runs of steps side by side, one per sublane;
-    # 256 sequences (two sublanes): chunked for lanes (the composed ends and run: 2x the floor)
+    # few long sequences: row tiles of one sublane, each chunk as eight runs of steps side by
+    # side, one per sublane
     "recurrence-few-long-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=0),
                                 [((100000, 128), "float32")] * 2, 1, "program"),
-    "recurrence-few-long-chunked-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=0),
-                                        [((100000, 256), "float32")] * 2, 3, "kernels"),
+    "recurrence-few-long-512-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=0),
+                                    [((100000, 512), "float32")] * 2, 1, "program"),
     "grad-recurrence-few-long-f32": (_grad(lambda a, x: tridiax.linear_recurrence(a, x, axis=0), (0, 1)),
                                      [((100000, 128), "float32")] * 2, 2, "program"),
     "recurrence-f32": (lambda a, x: tridiax.linear_recurrence(a, x), [((1000, 4096), "float32")] * 2, 1, "program"),

@@ -411,10 +411,11 @@ def _loop_recurrence(a, x, h0, *, dtype, reverse, shifted, final_only):
 
 
 # (layout, P, T, Q, dtype, reverse, shifted, final_only, a's shape ("full", "tile": one decay a
-# system, "scalar": one a step for every system)): recurrences whose row tiles hold one
-# sublane, run as eight runs of steps side by side: several chunks of 256 steps, the last
-# ragged (1001: 233 steps, not a multiple of eight; 517: five, fewer than the runs; 3 steps in
-# all), every layout that has such tiles, both directions, shifted, final states only.
+# system, "scalar": one a step for every system)): linear recurrences of fewer sequences than
+# a vector register holds, in row tiles of one sublane, run as eight runs of steps side by
+# side: several chunks of 256 steps, the last ragged (1001: 233 steps, not a multiple of
+# eight; 517: five, fewer than the runs; 3 steps in all), every layout that has such tiles,
+# both directions, shifted, final states only.
 SEGMENT_CASES = [
     ("lanes", 1, 1001, 128, F32, False, False, False, "full"),
     ("lanes", 2, 1001, 128, F32, True, True, False, "full"),
@@ -426,6 +427,9 @@ SEGMENT_CASES = [
     ("transposed", 1, 517, 1, C64, True, False, False, "full"),
     ("lanes", 1, 700, 128, F32, False, True, False, "tile"),
     ("sublanes", 1, 700, 5, F32, True, True, False, "scalar"),
+    # fewer sequences than a register holds, more than 128: groups of 128 (one sublane each)
+    ("lanes", 2, 600, 300, F32, True, True, False, "full"),
+    ("transposed", 300, 517, 1, C64, False, False, False, "full"),
 ]
 
 
@@ -438,7 +442,8 @@ def test_recurrences_of_one_sublane_run_as_eight_runs_side_by_side(case):
     run's first coefficient fails this."""
     layout, P, T, Q, dtype, reverse, shifted, final_only, decay = case
     assert _tpu.choose_layout(P, Q) == layout
-    g = tpu_recurrence._plan(P, T, Q, [jax.ShapeDtypeStruct((P, T, Q), jnp.float32)] * 2, F32, final_only)
+    g = tpu_recurrence._plan(P, T, Q, [jax.ShapeDtypeStruct((P, T, Q), jnp.float32)] * 2, F32, final_only,
+                             linear=True)
     assert tpu_recurrence.segmented(g, None)
     rng = np.random.default_rng(T + P)
     a_shape = {"full": (P, T, Q), "tile": (P, 1, Q), "scalar": (1, T, 1)}[decay]

@@ -10,7 +10,8 @@ comment names its entry in quotes):
   systems than the cores times the vector lanes; GPU: fewer than its SMs can hold; TPU: fewer
   than one (8, 128) row tile) or when one tile's work rows would not fit in
   the core's cache (CPU) or its VMEM (TPU). A linear recurrence is chunked
-  only for parallelism (its sweep keeps no work rows). The reduced system of a chunked solve
+  only for parallelism (its sweep keeps no work rows), and never on a TPU, whose kernel runs a
+  chunk as eight runs side by side where the batch leaves sublanes idle. The reduced system of a chunked solve
   (one row per chunk) is planned again the same way: chunking recurses while it pays.
 - **Layout and library** (`gpu_columns`, `gpu_library`): on GPU, whether batch-first systems
   are moved to columns for the Pallas kernels, and whether few long plain systems go to
@@ -330,28 +331,21 @@ def recurrence_chunk(P: int, T: int, Q: int, dtype, *, linear: bool, backend: st
         count = -(-needed * 8 // lanes)
         return max(min(T, 256), T // count)
     if backend in TPU_BACKENDS:
-        from .._recurrence import pallas_tpu as _tpu_recurrence
-
-        # The recurrence keeps no rows in VMEM: chunked only for lanes, into chunks of at
-        # least 256 steps (a chunk's kernel call and the ends' reduction cost about that).
-        # Narrow Q: as for solves ("tpu_chunks_need_lanes"). Row tiles of one sublane: the
-        # kernel runs each chunk as eight runs side by side, one read of each array.
-        if (lanes >= TPU_TILE_SYSTEMS or T < 2 * 256 or Q < TPU_MIN_CHUNKED_LANES
-                or _tpu_recurrence.runs_segments(P, T, Q, dtype)):
-            return 0
-        target = max(256, T * lanes // TPU_LANES)
-    elif lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
+        # Never chunked: the recurrence keeps no rows in VMEM, and a batch that does not fill
+        # a row tile runs each chunk as eight runs side by side inside the kernel (one sublane
+        # each, `_recurrence/pallas_tpu.py`, `segmented`): one read of each array, where chunks
+        # composed around the kernel read them twice.
         return 0
-    else:
-        # GPU: the lanes of every SM, from chunks of at least 64 steps (m dividing T if it can).
-        target = max(64, T * lanes // GPU_LANES)
+    if lanes >= GPU_WIDE or T < GPU_MIN_ROWS:
+        return 0
+    # GPU: the lanes of every SM, from chunks of at least 64 steps (m dividing T if it can).
+    target = max(64, T * lanes // GPU_LANES)
     if T < 2 * target:
         return 0
-    align = TPU_CHUNK_ROWS if backend in TPU_BACKENDS else 1
     for m in range(target, target // 2, -1):
-        if m % align == 0 and T % m == 0:
+        if T % m == 0:
             return m
-    return target - target % align
+    return target
 
 
 def _tpu_budget() -> int:

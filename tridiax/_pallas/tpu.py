@@ -223,19 +223,21 @@ def vmem(device_kind: str | None = None) -> Vmem:
 
 
 def geometry(P: int, N: int, Q: int, *, vmem_bytes, budget: int | None = None,
-             layout: str | None = None, chunk_sizes=(CHUNK, CHUNK // 2)) -> Geometry | None:
+             layout: str | None = None, chunk_sizes=(CHUNK, CHUNK // 2),
+             sublanes: int = SUBLANES) -> Geometry | None:
     """The geometry of a call whose VMEM need is `vmem_bytes(geometry)`: the widest row tile
-    (most sublanes) that fits `budget` (VMEM_BUDGET), with chunks of the first of `chunk_sizes`
-    that fits (by default CHUNK rows or half as many: a grid step still walks a hundred rows and
-    more). `layout`: `choose_layout`'s, unless given. None when no row tile fits (systems too
-    long for a kernel that keeps all their rows: the caller runs XLA's loop)."""
+    (most sublanes, at most `sublanes`) that fits `budget` (VMEM_BUDGET), with chunks of the
+    first of `chunk_sizes` that fits (by default CHUNK rows or half as many: a grid step still
+    walks a hundred rows and more). `layout`: `choose_layout`'s, unless given. None when no row
+    tile fits (systems too long for a kernel that keeps all their rows: the caller runs XLA's
+    loop)."""
     layout = layout or choose_layout(P, Q)
     if layout == "lanes":
-        s, w = min(SUBLANES, -(-Q // LANES)), LANES
+        s, w = min(sublanes, -(-Q // LANES)), LANES
     elif layout == "sublanes":
-        s, w = min(SUBLANES, P), min(Q, LANES)
+        s, w = min(sublanes, P), min(Q, LANES)
     else:
-        s, w = min(SUBLANES, -(-P // LANES)), LANES
+        s, w = min(sublanes, -(-P // LANES)), LANES
     while s >= 1:
         for chunk in chunk_sizes:
             chunks = 1 if N <= chunk else -(-N // chunk)

@@ -196,9 +196,12 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out,
             put(h_refs, get(state))
 
 
-def _plan(P, T, Q, operands, out_dtype, final_only, budget=None):
+def _plan(P, T, Q, operands, out_dtype, final_only, budget=None, *, linear=False):
     """The geometry of a recurrence (its VMEM need: no scratch but the state, so the widest
-    row tile always fits). `operands`: the real arrays passed for a and x (their parts)."""
+    row tile always fits). `operands`: the real arrays passed for a and x (their parts).
+    `linear`: a row tile that would not fill a vector register (fewer than 1024 sequences in
+    the "lanes" and "transposed" layouts) holds one sublane instead, its chunks run as eight
+    runs side by side (`segmented`; Mosaic loads rows strided from a base of 128 lanes only)."""
     ph, out_part = _tpu.split_dtype(out_dtype)
 
     def need(g):
@@ -210,23 +213,18 @@ def _plan(P, T, Q, operands, out_dtype, final_only, budget=None):
                               stages=staged, scratch_rows=2 * ph,
                               outputs=[] if final_only else [out_part.itemsize] * ph)
 
-    return _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)
+    g = _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)
+    if linear and g is not None and 1 < g.s < _tpu.SUBLANES and g.layout != "sublanes":
+        return _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget, sublanes=1)
+    return g
 
 
 def segmented(g, activation) -> bool:
     """Whether the kernel runs each chunk as SEGMENTS runs side by side (`_segments`): linear
-    recurrences whose row tiles hold one sublane (at most 128 sequences a group, or one
-    system's row of Q < 128 in the "sublanes" layout), which would leave seven of a vector
-    register's eight sublanes idle. (Wider row tiles keep a row in several registers, whose
-    rows Mosaic cannot load strided: a strided load needs a base of 128 lanes.)"""
+    recurrences whose row tiles hold one sublane (`_plan`: fewer than 1024 sequences, 128 a
+    group; or one system's row of Q < 128 in the "sublanes" layout), which would leave seven
+    of a vector register's eight sublanes idle."""
     return activation is None and g.s == 1
-
-
-def runs_segments(P: int, T: int, Q: int, dtype) -> bool:
-    """Whether a linear recurrence over (P, T, Q) of `dtype` runs `_segments` (`segmented`)."""
-    parts, part_dtype = _tpu.split_dtype(dtype)
-    operands = [jax.ShapeDtypeStruct((P, T, Q), part_dtype)] * (2 * parts)
-    return segmented(_plan(P, T, Q, operands, dtype, False, _tpu.vmem().budget), None)
 
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
@@ -245,7 +243,7 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     a_parts, x_parts = (_tpu.parts_of(v, complex_ and jnp.iscomplexobj(v)) for v in (a, x))
     h0_parts = _tpu.parts_of(h0, complex_)
     budget = _tpu.vmem()
-    g = _plan(P, T, Q, a_parts + x_parts, out_dtype, final_only, budget.budget)
+    g = _plan(P, T, Q, a_parts + x_parts, out_dtype, final_only, budget.budget, linear=activation is None)
     prepared = [[_tpu.prepare(g, v) for v in parts] for parts in (a_parts, x_parts)]
     ops = [pieces[0][1] for pieces in prepared]
     staged_out = not final_only and _tpu.staged(g, part_dtype)
