@@ -249,10 +249,7 @@ class _WorkBlocks:
         return self.entries.load(i)
 
     def store(self, i, values):
-        for a, row in enumerate(values):
-            for b, v in enumerate(row):
-                for ref, part in zip(self.refs, _parts(v, len(self.refs)), strict=True):
-                    ref[self.how.index(i, a, b)] = part.reshape(1, -1)
+        _entry_writer(self.refs, self.how, len(self.refs))(i, values)
 
 
 def work_arrangement(r: int, c: int) -> Arrangement:
@@ -376,15 +373,16 @@ def _grouped(refs, parts: int):
     return [tuple(refs[n:n + parts]) for n in range(0, len(refs), parts)]
 
 
-def _x_writer(x_refs, out: Arrangement, parts: int):
-    """store_x for `_backward`: row i's solution into x's blocks."""
-    def store_x(i, x):
-        for a, values in enumerate(x):
-            for b, v in enumerate(values):
-                for ref, part in zip(x_refs, _parts(v, parts), strict=True):
-                    ref[out.index(i, a, b)] = part.reshape(1, -1).astype(ref.dtype)
+def _entry_writer(refs, how: Arrangement, parts: int):
+    """store(i, values): row i's r x c values into blocks arranged by `how` (one per part),
+    converted to their dtype: `_backward`'s store_x into x's blocks, or a work block's."""
+    def store(i, values):
+        for a, row in enumerate(values):
+            for b, v in enumerate(row):
+                for ref, part in zip(refs, _parts(v, parts), strict=True):
+                    ref[how.index(i, a, b)] = part.reshape(1, -1).astype(ref.dtype)
 
-    return store_x
+    return store
 
 
 def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
@@ -417,7 +415,7 @@ def _kernel(*refs, g, ops, arranged, staged, k, m, kind, transposed, parts):
         def store_in_place(i, x):
             ys.store(offset + i, x)
 
-        store_x = store_in_place if in_place else _x_writer(x_refs, out, parts)
+        store_x = store_in_place if in_place else _entry_writer(x_refs, out, parts)
         _backward(g, es, ys, carry, store_x, j=j, offset=offset, k=k, m=m)
         if in_place:
             for a in range(k):
@@ -449,7 +447,7 @@ def _streamed_backward(*refs, out, k, m, g, parts):
     carry_ref, *stage = refs[3 * parts:]
     ys = _WorkBlocks(g, y_refs, k, m)
     staged_x = _WorkBlocks(g, tuple(stage), k, m) if stage else None
-    store_x = staged_x.store if stage else _x_writer(x_refs, out, parts)
+    store_x = staged_x.store if stage else _entry_writer(x_refs, out, parts)
     _backward(g, _WorkBlocks(g, e_refs, k, k), ys, _Carry(carry_ref, parts), store_x,
               j=g.chunks - 1 - pl.program_id(2), offset=0, k=k, m=m)
     if stage:

@@ -9,10 +9,11 @@ comment names its entry in quotes):
   long a chunk is. A solve is chunked when its systems cannot keep the device busy (CPU: fewer
   systems than the cores times the vector lanes; GPU: fewer than its SMs can hold; TPU: fewer
   than one (8, 128) row tile) or when one tile's work rows would not fit in
-  the core's cache (CPU) or its VMEM (TPU). A linear recurrence is chunked
-  only for parallelism (its sweep keeps no work rows), and never on a TPU, whose kernel runs a
-  chunk as eight runs side by side where the batch leaves sublanes idle. The reduced system of a chunked solve
-  (one row per chunk) is planned again the same way: chunking recurses while it pays.
+  the core's cache (CPU) or its VMEM (TPU). A linear recurrence is chunked only for
+  parallelism (its sweep keeps no work rows), and never on a TPU, whose kernel runs a chunk as
+  eight runs side by side where the batch leaves sublanes idle. The reduced system of a
+  chunked solve (one row per chunk) is planned again the same way: chunking recurses while it
+  pays.
 - **Layout and library** (`gpu_columns`, `gpu_library`): on GPU, whether batch-first systems
   are moved to columns for the Pallas kernels, and whether few long plain systems go to
   cuSPARSE instead.

@@ -393,8 +393,9 @@ class RowRef:
         self.ref[self._index(i), :] = value.astype(self.ref.dtype)
 
     def load_rows(self, i, count: int, stride: int):
-        """Rows i, i + stride, ..., `count` of them, as one (count, s*128) value (a row along
-        lanes): a strided load along sublanes (in "sublanes", of row tiles of one sublane)."""
+        """Rows i, i + stride, ..., `count` of them, as one (count, w) value: a strided load
+        along sublanes, for row tiles of one sublane (Mosaic loads strided from a base of 128
+        lanes only)."""
         return self.ref[pl.ds(self.offset + i, count, stride=stride), :].astype(jnp.float32)
 
     def store_rows(self, i, value, stride: int):
@@ -512,8 +513,8 @@ class TileRef:
 
     def load_rows(self, i, count: int, stride: int):
         del stride
-        value = self.load(i)
-        return jnp.broadcast_to(value.reshape(1, value.size), (count, value.size))
+        value = self.load(i)  # a row tile of one sublane
+        return jnp.broadcast_to(value, (count, value.shape[-1]))
 
 
 class ScalarRef:
@@ -527,7 +528,7 @@ class ScalarRef:
 
     def load_rows(self, i, count: int, stride: int):
         """Rows i, i + stride, ... (each one value for every system), one per sublane."""
-        shape = (count, self.g.s * self.g.w)
+        shape = (count, self.g.w)
         sublane = lax.broadcasted_iota(jnp.int32, shape, 0)
         value = jnp.full(shape, self.ref[0, i], jnp.float32)
         for n in range(1, count):

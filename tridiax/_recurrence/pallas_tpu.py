@@ -60,23 +60,23 @@ def _map(f, v):
 def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifted: bool, tile, parts):
     """A linear recurrence over a chunk's `count` steps whose row tiles (`tile`: (1, w)) hold
     one sublane, as SEGMENTS runs of R = ceil(count / SEGMENTS) steps side by side, one per
-    sublane, read by strided loads: first each run from a
-    zero state (its end state and the product of the coefficients it applied), then the state
-    entering each run from those, in scan order from `h_start`, then every run again from its
-    entering state, writing each step's state to `sink` (None: final state only). The
-    dependent steps are 2R + SEGMENTS instead of `count`; every state is the sequential
-    recurrence's from the state entering its run. Steps past `count` (the last run's) leave
+    sublane, read by strided loads: first each run from a zero state (its end state and the
+    product of the coefficients it applied), then the state entering each run from those, in
+    scan order from `h_start`, then every run again from its entering state, writing each
+    step's state to `sink` (None: final state only). The dependent steps are 2R + SEGMENTS
+    instead of `count`; every state is the sequential recurrence's from the state entering its
+    run. Steps past `count` (the last run's) leave
     the state as it is. `a_start`: the coefficient of the step before the chunk (`shifted`).
     Returns the state after the last step in scan order and that step's a."""
     S = SEGMENTS
     R = -(-count // S)
-    width = tile[0] * tile[-1]  # a row's values, laid along lanes
+    width = tile[-1]
     pa, px = parts
     ph = max(parts)
     sub = lax.broadcasted_iota(jnp.int32, (S, 1), 0)
 
     def wide(v):  # a row tile, the same in every run
-        return _map(lambda p: jnp.broadcast_to(p.reshape(1, width), (S, width)), v)
+        return _map(lambda p: jnp.broadcast_to(p, (S, width)), v)
 
     def run_of(v, s: int):
         return _map(lambda p: p[s:s + 1], v)
@@ -112,7 +112,7 @@ def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifte
     for s in (range(S - 2, -1, -1) if reverse else range(1, S)):
         before = s + 1 if reverse else s - 1
         h = run_of(products, before) * h + run_of(ends, before)
-        entering = select(sub == s, _map(lambda p: jnp.broadcast_to(p, (S, width)), h), entering)
+        entering = select(sub == s, wide(h), entering)
 
     def again(i, carry):
         h, a_before = carry
@@ -122,8 +122,7 @@ def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifte
         return split((h, a_now), ph, pa)
 
     h, _ = _tpu.loop(R, again, split((entering, a_first), ph, pa), reverse=reverse)
-    last = _map(lambda p: p.reshape(tile), run_of(h, 0 if reverse else S - 1))
-    return last, a.load(0 if reverse else count - 1)
+    return run_of(h, 0 if reverse else S - 1), a.load(0 if reverse else count - 1)
 
 
 def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out, segmented):

@@ -298,15 +298,12 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
 
         def run(count):
             if _pivoting(kind):
-                pivot, u1, u2, *vectors = work
+                vectors = work[3:]
 
-                def row(i, carry):
-                    after = []
-                    for n, v in enumerate(vectors):  # x[i+1], x[i+2] of each right-hand side
-                        x1, x2 = carry[2 * n:2 * n + 2]
-                        x = (v.load(i) - u1.load(i) * x1 - u2.load(i) * x2) / pivot.load(i)
-                        (v if out is None else out).store(i, x)
-                        after += [x, x1]
+                def row(i, carry):  # carry: x[i+1], x[i+2] of each right-hand side
+                    after = _pivoted_substitution([w.load(i) for w in work], carry)
+                    for n, v in enumerate(vectors):
+                        (v if out is None else out).store(i, after[2 * n])
                     return tuple(after)
             else:
                 row, vectors = _substitution_row(work, None if out is None else [out])
