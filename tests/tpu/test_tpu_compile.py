@@ -247,13 +247,13 @@ ENTRY_POINTS = {
                                            2, ("streamed", 4)),
     "solve-pivoted-long-narrow-f32": (_solve(0, pivoting=True), [((1000000, 64), "float32")] * 4,
                                       2, ("streamed", 4)),
-    # periodic: z' streamed too, and x = y - f z formed by XLA (more than the streamed floor's
-    # array passes: not held)
+    # periodic: z' streamed too; f formed by the forward sweep, x = y - f z written by the back
+    # substitution
     "solve-periodic-pivoted-long-narrow-f32": (
         lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0, pivoting=True),
-        [((1000000, 64), "float32")] * 4, 2, None),
+        [((1000000, 64), "float32")] * 4, 2, ("streamed", 5)),
     "solve-periodic-long-narrow-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
-                                       [((1000000, 64), "float32")] * 4, 2, None),
+                                       [((1000000, 64), "float32")] * 4, 2, ("streamed", 3)),
     # few long sequences: row tiles of one sublane, each chunk as eight runs of steps side by
     # side, one per sublane
     "recurrence-few-long-f32": (lambda a, x: tridiax.linear_recurrence(a, x, axis=0),

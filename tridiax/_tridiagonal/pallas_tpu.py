@@ -42,7 +42,9 @@ gets, 8 sublanes up to about 760 rows, 1 up to 11500; "pivoted" half as long). L
 run in two launches whose work rows go through HBM (`_streamed_solve`: the forward sweep
 writes c' and y' (and z'; the pivoted kinds U's rows, two rows down, the last two in a tail of
 row tiles), the back substitution reads them, no VMEM-sized scratch), unless the planner
-splits them into chunks that fit (fewer systems than a row tile holds, `fits`).
+splits them into chunks that fit (fewer systems than a row tile holds, `fits`). A streamed
+periodic solve cannot walk its chunks a third time: its forward sweep sums row 0 of y and z
+as it goes (`_first_row_sums`) and forms f, and the back substitution writes x = y - f z.
 
 Complex64 systems are solved as their float32 real and imaginary parts (`_pallas/tpu.py`,
 `parts_of`): every operand, output, scratch and carried tile comes in two parts, the rows are
@@ -130,7 +132,8 @@ def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
     """The pivoted sweeps at row r: eliminate row r-1 (U's row r-2 stored at local row
     `target`, clamped to row 0 while r < 2: stores there are rewritten), or start the pending
     row from row 0 (r == 1). Carry: the pending row (a, c and a right-hand side each: b, and
-    z's for periodic systems), row r-1's (sub, d, b, u), the corners (periodic)."""
+    z's for periodic systems), row r-1's (sub, d, b, u), the corners (periodic). Returns the
+    next carry and the values kept (U's row r-2 from r = 2 on)."""
     l_i, d_i, u_i, b_i = bands
     periodic = _periodic.is_periodic(kind)
     rhs = 2 if periodic else 1
@@ -150,7 +153,32 @@ def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
     started = (d_prev, sup_prev, *rhs_prev)
     pending = tuple(select(r >= 2, s, select(r == 1, b, p))
                     for s, b, p in zip(stepped, started, pending, strict=True))
-    return (*pending, sub, diag, b_i, u_i, *corners)
+    return (*pending, sub, diag, b_i, u_i, *corners), kept
+
+
+# Row tiles of the sums that give row 0 of y and z during a streamed periodic forward sweep
+# (`_first_row_sums`): the weight w and sums w.y', w.z' (unpivoted); the weights pending for the
+# next two rows and the sums (pivoted).
+_SUMS = {"periodic": 3, "periodic_pivoted": 4}
+
+
+def _first_row_sums(kind, sums, row, *, first, valid=True):
+    """Row 0 of y = U^{-1} y' (and z) as the sum of w[k] y'[k], U^T w = e_0, updated with U's row
+    k (`row`: c'[k-1], y'[k], z'[k] unpivoted; pivot, U1, U2, y'[k], z'[k] pivoted; `first`:
+    k == 0; `valid`: a row of U at all): the streamed forward sweep forms f before the back
+    substitution, which then writes x = y - f z at once instead of y and z. The sum is the back
+    substitution's value of y[0], its terms summed in the other order."""
+    if kind == "periodic":  # unit upper bidiagonal, c'[k] above the diagonal: w[k] = -c'[k-1] w[k-1]
+        w, sum_y, sum_z = sums
+        c_prev, y, z = row
+        w = select(first, 1.0, -c_prev * w)
+        return w, select(first, 0.0, sum_y) + w * y, select(first, 0.0, sum_z) + w * z
+    ahead, after, sum_y, sum_z = sums  # what rows k and k+1 owe to w[k], w[k+1] so far
+    pivot, u1, u2, y, z = row
+    w = select(first, 1.0, -ahead) / pivot
+    updated = (select(first, 0.0, after) + u1 * w, u2 * w,
+               select(first, 0.0, sum_y) + w * y, select(first, 0.0, sum_z) + w * z)
+    return tuple(select(valid, new, old) for new, old in zip(updated, sums, strict=True))
 
 
 def _pivoted_last_values(g, kind, transposed, carry):
@@ -180,21 +208,28 @@ def _pivoted_last_rows(g, kind, transposed, work, carry, start):
             work_rows.store(row - start, value)
 
 
-def _substitution_row(work, outs):
+def _substitution_row(work, store):
     """The unpivoted kinds' back substitution at row i, x[i] = v[i] - c'[i]*x[i+1] for each
-    right-hand side v (`work`: c' stored one row down, then the v's), each x stored in its
-    `outs` (None: in place of v); the carry is (x[i+1] of each, c'[i])."""
+    right-hand side v (`work`: c' stored one row down, then the v's), given to `store(i, xs)`;
+    the carry is (x[i+1] of each, c'[i])."""
     cs, *vectors = work
-    sinks = vectors if outs is None else outs
 
     def row(i, carry):
         *after, c_next = carry
         for n, v in enumerate(vectors):
             after[n] = v.load(i) - c_next * after[n]
-            sinks[n].store(i, after[n])
+        store(i, after)
         return (*after, cs.load(i))
 
     return row, vectors
+
+
+def _storing(sinks):
+    """`store(i, xs)` writing each solution of xs to its sink."""
+    def store(i, xs):
+        for sink, x in zip(sinks, xs, strict=True):
+            sink.store(i, x)
+    return store
 
 
 class _Parts:
@@ -265,7 +300,7 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
                 bands = [reader.load(i) for reader in readers]
                 if _pivoting(kind):
                     return _pivoted_row(kind, transposed, bands, carry, work, r=r,
-                                        target=i - jnp.minimum(r, 2), last=r == g.N - 1)
+                                        target=i - jnp.minimum(r, 2), last=r == g.N - 1)[0]
                 values, after = _forward_row(kind, transposed, bands, carry, first=r == 0,
                                              last=r == g.N - 1)
                 for rows, value in zip(work, values, strict=True):
@@ -306,7 +341,8 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
                         (v if out is None else out).store(i, after[2 * n])
                     return tuple(after)
             else:
-                row, vectors = _substitution_row(work, None if out is None else [out])
+                vectors = work[1:]
+                row, _ = _substitution_row(work, _storing(vectors if out is None else [out]))
             rhs = len(vectors)
             carry = load_carry(2 * rhs if _pivoting(kind) else rhs + 1)
             store_carry(_tpu.loop(count, row, carry, reverse=True))
@@ -351,13 +387,16 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
 def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     """The forward sweep, writing each row's work values (`_WORK[kind]` of them: c' one row
     down, y', and z' for periodic systems; U's rows of the pivoted kinds, row r-2 at row r,
-    rows N-2 and N-1 in a tail of row tiles) to float32 outputs. Refs: the bands' blocks, the
-    work outputs' blocks, the tail's block (pivoted kinds), the carry, the stages of staged
-    operands, then of the work outputs (`staged_work`); each in its `parts`."""
-    n_work, pivoting = _WORK[kind], _pivoting(kind)
+    rows N-2 and N-1 in a tail of row tiles) to float32 outputs; a periodic sweep sums row 0 of
+    y and z as it goes (`_first_row_sums`) and writes f of x = y - f z, a row tile per group.
+    Refs: the bands' blocks, the work outputs' blocks, the tail's block (pivoted kinds), f's
+    block (periodic kinds), the carry (with the sums), the stages of staged operands, then of
+    the work outputs (`staged_work`); each in its `parts`."""
+    n_work, pivoting, periodic = _WORK[kind], _pivoting(kind), _periodic.is_periodic(kind)
     band_refs, refs = refs[:4 * parts], refs[4 * parts:]
     work_refs, refs = refs[:n_work * parts], refs[n_work * parts:]
-    tail_ref, (carry_ref, *stages) = (refs[0], refs[1:]) if pivoting else (None, refs)
+    tail_ref, refs = (refs[0], refs[1:]) if pivoting else (None, refs)
+    f_ref, (carry_ref, *stages) = (refs[0], refs[1:]) if periodic else (None, refs)
     out_stages = stages[len(stages) - n_work * parts:] if staged_work else []
     stages = stages[:len(stages) - len(out_stages)]
     j = pl.program_id(2)
@@ -365,55 +404,97 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     readers = io.readers(ops, band_refs, stages)
     sinks = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_work
              else io.rows_of(work_refs))
+    n, sums = _CARRY[kind], _SUMS.get(kind, 0)
 
     @pl.when(j == 0)
     def _():
-        carry.store(_initial_carry(g, kind))
+        zero = jnp.zeros(g.tile, jnp.float32)
+        carry.store(_initial_carry(g, kind) + [zero] * sums)
 
     def run(count):
-        def row(i, carry):
+        def row(i, state):
             r = j * g.chunk + i
             bands = [reader.load(i) for reader in readers]
             if pivoting:
-                return _pivoted_row(kind, transposed, bands, carry, sinks, r=r, target=i,
-                                    last=r == g.N - 1)
-            values, after = _forward_row(kind, transposed, bands, carry, first=r == 0,
+                after, kept = _pivoted_row(kind, transposed, bands, state[:n], sinks, r=r,
+                                           target=i, last=r == g.N - 1)
+                if periodic:
+                    return (*after, *_first_row_sums(kind, state[n:], kept, first=r == 2,
+                                                     valid=r >= 2))
+                return after
+            values, after = _forward_row(kind, transposed, bands, state[:n], first=r == 0,
                                          last=r == g.N - 1)
             for sink, value in zip(sinks, values, strict=True):
                 sink.store(i, value)
+            if periodic:
+                return (*after, *_first_row_sums(kind, state[n:], values, first=r == 0))
             return after
 
-        carry.store(_tpu.loop(count, row, carry.load(_CARRY[kind])))
+        carry.store(_tpu.loop(count, row, carry.load(n + sums)))
 
     _tpu.over_rows(g, j, run)
-    if pivoting:
-        @pl.when(j == g.chunks - 1)
-        def _():
-            before, last = _pivoted_last_values(g, kind, transposed, carry.load(_CARRY[kind]))
-            _tpu.CarryTiles(tail_ref, parts).store([*before, *last])
+    if pivoting or periodic:
+        pl.when(j == g.chunks - 1)(functools.partial(
+            _finish_forward, g, kind, transposed, carry, tail_ref, f_ref, parts))
 
-    for n, sink in enumerate(sinks if staged_work else ()):
-        _tpu.stage_out_parts(g, sink, work_refs[n * parts:(n + 1) * parts])
+    for m, sink in enumerate(sinks if staged_work else ()):
+        _tpu.stage_out_parts(g, sink, work_refs[m * parts:(m + 1) * parts])
 
 
-def _split_refs(refs, n_work, rhs, parts, staged_work, staged_out, *, tail):
-    """The back substitution's refs: the work values' blocks, the tail's block (`tail`), the
-    solutions' blocks, the carry, the stages of the work values and of the solutions."""
+def _finish_forward(g, kind, transposed, carry, tail_ref, f_ref, parts):
+    """After a streamed forward sweep's last row: the pivoted kinds' last two rows of U to the
+    tail, and a periodic solve's f of x = y - f z (`carry`: the sweep's, then the sums)."""
+    n = _CARRY[kind]
+    state = carry.load(n + _SUMS.get(kind, 0))
+    if _pivoting(kind):
+        before, last = _pivoted_last_values(g, kind, transposed, state[:n])
+        _tpu.CarryTiles(tail_ref, parts).store([*before, *last])
+        if f_ref is None:
+            return
+        # U's rows N-2 and N-1 (N >= 3); the last holds y[N-1] and z[N-1] themselves
+        sums = _first_row_sums(kind, state[n:], before, first=False)
+        (y0, z0), ends = _first_row_sums(kind, sums, last, first=False)[2:], last[3:]
+    else:
+        (y0, z0), ends = state[-2:], state[1:3]  # y'[N-1] = y[N-1], z'[N-1] = z[N-1]
+    alpha, gamma, beta = state[n - 3:n]
+    (yl, zl) = ends
+    _tpu.CarryTiles(f_ref, parts).set(0, _periodic.sherman_morrison_factor(
+        y0, yl, z0, zl, alpha, gamma, beta, transposed=transposed))
+
+
+def _split_refs(refs, n_work, parts, staged_out, *, tail, periodic):
+    """The back substitution's refs: the work values' blocks, the tail's block (`tail`), f's
+    (`periodic`), x's blocks, the carry, the stages of the work values and of x."""
     work_refs, refs = refs[:n_work * parts], refs[n_work * parts:]
     tail_ref, refs = (refs[0], refs[1:]) if tail else (None, refs)
-    x_refs, (carry_ref, *stages) = refs[:rhs * parts], refs[rhs * parts:]
-    out_stages = stages[len(stages) - rhs * parts:] if staged_out else []
+    f_ref, refs = (refs[0], refs[1:]) if periodic else (None, refs)
+    x_refs, (carry_ref, *stages) = refs[:parts], refs[parts:]
+    out_stages = stages[len(stages) - parts:] if staged_out else []
     stages = stages[:len(stages) - len(out_stages)]
-    return work_refs, tail_ref, x_refs, carry_ref, stages, out_stages
+    return work_refs, tail_ref, f_ref, x_refs, carry_ref, stages, out_stages
 
 
-def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out):
+def _solution_store(outs, f_ref, parts):
+    """`store(i, xs)` of a streamed back substitution (xs: the solution of each right-hand
+    side): x = y - f z of a periodic solve (`f_ref`), else each solution to its output."""
+    if f_ref is None:
+        return _storing(outs)
+    f = _tpu.CarryTiles(f_ref, parts).get(0)
+    (out,) = outs
+
+    def store(i, xs):
+        y, z = xs
+        out.store(i, y - f * z)
+
+    return store
+
+
+def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out, periodic):
     """The back substitution from the `n_work` work outputs (c', then a right-hand side's
-    each), last chunk first, writing one solution per right-hand side. Refs: `_split_refs`'s
-    (no tail); each in its `parts`."""
-    rhs = n_work - 1
-    work_refs, _, x_refs, carry_ref, stages, out_stages = _split_refs(
-        refs, n_work, rhs, parts, staged_work, staged_out, tail=False)
+    each), last chunk first, writing one solution per right-hand side (x = y - f z for periodic
+    systems). Refs: `_split_refs`'s (no tail); each in its `parts`."""
+    work_refs, _, f_ref, x_refs, carry_ref, stages, out_stages = _split_refs(
+        refs, n_work, parts, staged_out, tail=False, periodic=periodic)
     k = pl.program_id(2)
     j = g.chunks - 1 - k
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
@@ -426,7 +507,7 @@ def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out):
         carry.store([jnp.zeros(g.tile, jnp.float32)] * n_work)
 
     def run(count):
-        row, _ = _substitution_row(work, outs)
+        row, _ = _substitution_row(work, _solution_store(outs, f_ref, parts))
         carry.store(_tpu.loop(count, row, carry.load(n_work), reverse=True))
 
     _tpu.over_rows(g, j, run)
@@ -445,15 +526,16 @@ def _pivoted_substitution(u_row, xs):
     return after
 
 
-def _streamed_pivoted_backward(*refs, g, n_work, parts, staged_work, staged_out):
+def _streamed_pivoted_backward(*refs, g, n_work, parts, staged_work, staged_out, periodic):
     """The pivoted back substitution from U's rows as `_streamed_forward` writes them (row i
     at row i+2, the last two in the tail), last chunk first. A chunk of rows lo..hi-1 holds U's
     rows lo-2..hi-3: its top two solutions use the two rows above (the tail, or the first two
     rows of the chunk after it, carried), and it carries its own first two rows to the chunk
-    before it. Carry: x[i+1] and x[i+2] of each right-hand side, then U's two rows above."""
+    before it. Carry: x[i+1] and x[i+2] of each right-hand side, then U's two rows above;
+    periodic systems write x = y - f z."""
     rhs = n_work - 3
-    work_refs, tail_ref, x_refs, carry_ref, stages, out_stages = _split_refs(
-        refs, n_work, rhs, parts, staged_work, staged_out, tail=True)
+    work_refs, tail_ref, f_ref, x_refs, carry_ref, stages, out_stages = _split_refs(
+        refs, n_work, parts, staged_out, tail=True, periodic=periodic)
     k = pl.program_id(2)
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     work = io.readers([_tpu.Operand("rows", staged=staged_work)] * n_work, work_refs, stages)
@@ -466,9 +548,10 @@ def _streamed_pivoted_backward(*refs, g, n_work, parts, staged_work, staged_out)
         zero = jnp.zeros(g.tile, jnp.float32)
         carry.store([zero] * X + list(_tpu.CarryTiles(tail_ref, parts).load(2 * n_work)))
 
+    solution = _solution_store(outs, f_ref, parts)
+
     def store(i, xs):
-        for n, out in enumerate(outs):
-            out.store(i, xs[2 * n])
+        solution(i, xs[::2])
 
     def run(count):
         xs = carry.load(X)
@@ -496,12 +579,12 @@ def _streamed_pivoted_backward(*refs, g, n_work, parts, staged_work, staged_out)
 def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpret):
     """A solve of systems too long for VMEM in two launches: the forward sweep writes its work
     values to HBM (`_WORK[kind]` float32 arrays; the pivoted kinds' last two rows of U as
-    row tiles, a tail), the back substitution reads them, last chunk first. The operands are
-    read once and x written once, as by the one-launch kernel; the work values cost two more
-    passes each over a float32 array. A periodic solve's back substitution writes y and z
-    (float32), and XLA forms x = y - f z (`_periodic_combination`)."""
+    row tiles, a tail; a periodic solve's f as a row tile per group), the back substitution
+    reads them, last chunk first, and writes x (x = y - f z for periodic systems). The operands
+    are read once and x written once, as by the one-launch kernel; the work values cost two
+    more passes each over a float32 array."""
     P, N, Q = broadcast_shape(l, d, u, b)
-    pivoting = _pivoting(kind)
+    pivoting, periodic = _pivoting(kind), _periodic.is_periodic(kind)
     if pivoting and N < 3:  # rows 0 and 1 of the work outputs hold no row of U
         return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     parts, part_dtype = _tpu.split_dtype(out_dtype)
@@ -510,22 +593,21 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
     rows, tile = _tpu.Operand("rows"), _tpu.Operand("tile")
     n_work = _WORK[kind]
     rhs = n_work - (3 if pivoting else 1)
-    tail = [(tile, 4)] * (2 * n_work * pivoting)  # the pivoted kinds' tail: row tiles of U
+    # Row tiles per group passed from the forward sweep to the back substitution: the pivoted
+    # kinds' tail (U's last two rows), a periodic solve's f
+    tiles = 2 * n_work * pivoting + periodic
     carried = (2 * rhs + 2 * n_work) if pivoting else n_work
-    periodic = _periodic.is_periodic(kind)
-    solution_dtype = jnp.dtype(jnp.float32) if periodic else part_dtype
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
-        staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, solution_dtype)
+        staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part_dtype)
         forward = _tpu.vmem_need(
-            g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)] + tail * parts,
+            g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)] + [(tile, 4)] * (tiles * parts),
             stages=sum(op.kind == "rows" and op.staged for op in ops) + n_work * parts * staged_work,
-            scratch_rows=_CARRY[kind] * parts, outputs=[4] * (n_work * parts))
-        backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts) + tail * parts,
-                                  stages=parts * (n_work * staged_work + rhs * staged_out),
-                                  scratch_rows=carried * parts,
-                                  outputs=[solution_dtype.itemsize] * (rhs * parts))
+            scratch_rows=(_CARRY[kind] + _SUMS.get(kind, 0)) * parts, outputs=[4] * (n_work * parts))
+        backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts) + [(tile, 4)] * (tiles * parts),
+                                  stages=parts * (n_work * staged_work + staged_out),
+                                  scratch_rows=carried * parts, outputs=[part_dtype.itemsize] * parts)
         return max(forward, backward)
 
     g = _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget.budget)
@@ -533,17 +615,16 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
         return _xla_loop(l, d, u, b, transposed=transposed, out_dtype=out_dtype, kind=kind)
     prepared = [_tpu.prepare(g, v) for v in operands]
     ops = [op for _, op in prepared[::parts]]
-    staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, solution_dtype)
+    staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part_dtype)
     C = g.chunks
     vmem = _tpu.pltpu.VMEM
     stage = vmem(_tpu.stage_shape(g), jnp.float32)
     shape = (P, N) if g.layout == "transposed" else (P, N, Q)
     work_shapes = [jax.ShapeDtypeStruct(shape, jnp.float32)] * (n_work * parts)
-    tail_shapes, tail_specs = [], []
-    if pivoting:  # one block of row tiles per group, written at the forward sweep's last step
-        tail_shapes.append(jax.ShapeDtypeStruct((*g.groups, 2 * n_work * parts, *g.tile), jnp.float32))
-        tail_specs.append(pl.BlockSpec((None, None, 2 * n_work * parts, *g.tile),
-                                       lambda a, b_, k: (a, b_, 0, 0, 0)))
+    tile_shapes, tile_specs = [], []  # one block of row tiles per group, written at the last step
+    for count in (2 * n_work * parts,) * pivoting + (parts,) * periodic:
+        tile_shapes.append(jax.ShapeDtypeStruct((*g.groups, count, *g.tile), jnp.float32))
+        tile_specs.append(pl.BlockSpec((None, None, count, *g.tile), lambda a, b_, k: (a, b_, 0, 0, 0)))
 
     def forward_chunk(k):
         return k
@@ -551,48 +632,29 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
     def backward_chunk(k):
         return C - 1 - k
 
-    scratch = [vmem((_CARRY[kind] * parts, *g.tile), jnp.float32)]
+    scratch = [vmem(((_CARRY[kind] + _SUMS.get(kind, 0)) * parts, *g.tile), jnp.float32)]
     scratch += [stage for _, op in prepared if op.kind == "rows" and op.staged]
     scratch += [stage] * (n_work * parts * staged_work)
     kernel = functools.partial(_streamed_forward, g=g, ops=ops, kind=kind, transposed=transposed,
                                parts=parts, staged_work=staged_work)
     work = _tpu.call(kernel, g, [v for v, _ in prepared],
                      [_tpu.block_spec(g, op, forward_chunk) for _, op in prepared],
-                     work_shapes + tail_shapes,
-                     [_tpu.block_spec(g, rows, forward_chunk)] * (n_work * parts) + tail_specs, scratch,
+                     work_shapes + tile_shapes,
+                     [_tpu.block_spec(g, rows, forward_chunk)] * (n_work * parts) + tile_specs, scratch,
                      steps=C, name=f"tridiax_{kind}_forward_tpu", vmem_limit=budget.limit,
                      interpret=interpret)
     scratch = [vmem((carried * parts, *g.tile), jnp.float32)]
-    scratch += [stage] * (parts * (n_work * staged_work + rhs * staged_out))
+    scratch += [stage] * (parts * (n_work * staged_work + staged_out))
     backward = _streamed_pivoted_backward if pivoting else _streamed_backward
     kernel = functools.partial(backward, g=g, n_work=n_work, parts=parts, staged_work=staged_work,
-                               staged_out=staged_out)
-    solutions = _tpu.call(kernel, g, work,
-                          [_tpu.block_spec(g, rows, backward_chunk)] * (n_work * parts) + tail_specs,
-                          [jax.ShapeDtypeStruct(shape, solution_dtype)] * (rhs * parts),
-                          [_tpu.block_spec(g, rows, backward_chunk)] * (rhs * parts), scratch,
-                          steps=C, name=f"tridiax_{kind}_backward_tpu", vmem_limit=budget.limit,
-                          interpret=interpret)
-    solutions = [(jax.lax.complex(*solutions[n:n + parts]) if complex_ else solutions[n]).reshape(P, N, Q)
-                 for n in range(0, len(solutions), parts)]
-    if periodic:
-        return _periodic_combination(l, d, u, *solutions, transposed=transposed).astype(out_dtype)
-    return solutions[0]
-
-
-def _periodic_combination(l, d, u, y, z, *, transposed):
-    """x = y - f z of the "periodic" kind from y = T'^{-1} b and z = T'^{-1} u (or v) along
-    axis 1, f from their end rows and the corners, as the one-launch kernel forms it: alpha =
-    l[0], beta = u[N-1], gamma the split of row 0."""
-    def end(v, last):
-        v = v.astype(y.dtype)
-        return v[:, -1:] if last else v[:, :1]
-
-    alpha, beta = end(l, False), end(u, True)
-    gamma = _periodic.split(end(d, False), alpha, end(u, False))
-    f = _periodic.sherman_morrison_factor(end(y, False), end(y, True), end(z, False), end(z, True),
-                                          alpha, gamma, beta, transposed=transposed)
-    return y - f * z
+                               staged_out=staged_out, periodic=periodic)
+    x = _tpu.call(kernel, g, work,
+                  [_tpu.block_spec(g, rows, backward_chunk)] * (n_work * parts) + tile_specs,
+                  [jax.ShapeDtypeStruct(shape, part_dtype)] * parts,
+                  [_tpu.block_spec(g, rows, backward_chunk)] * parts, scratch,
+                  steps=C, name=f"tridiax_{kind}_backward_tpu", vmem_limit=budget.limit,
+                  interpret=interpret)
+    return (jax.lax.complex(*x) if complex_ else x[0]).reshape(P, N, Q)
 
 
 def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
