@@ -155,8 +155,7 @@ def _forward(g, inputs, carry, store, over_steps, *, j, op, K, l, u, kind, trans
         for n, stages in enumerate(band_stages):
             for ref, stage in zip(ab_refs, stages, strict=True):
                 _tpu.stage_in(g, ref.at[n], stage, offset=H)
-        bands = [_tpu.joined([_tpu.RowRef(g, stage, H + g.rows, H) for stage in stages])
-                 for stages in band_stages]
+        bands = [_tpu.scratch_rows(g, stages, H + g.rows, H) for stages in band_stages]
     elif op.kind == "scalar":
         bands = [_tpu.joined([_HaloScalars(g, ref.at[n], halo_ref, n + part * K, H)
                               for part, ref in enumerate(ab_refs)]) for n in range(K)]
@@ -164,7 +163,7 @@ def _forward(g, inputs, carry, store, over_steps, *, j, op, K, l, u, kind, trans
         bands = [_tpu.joined([_tpu.TileRef(ref.at[n]) for ref in ab_refs]) for n in range(K)]
     for ref, stage in zip(b_refs, b_stages, strict=True):
         _tpu.stage_in(g, ref, stage, offset=H)
-    rhs_rows = _tpu.joined([_tpu.RowRef(g, stage, H + g.rows, H) for stage in b_stages])
+    rhs_rows = _tpu.scratch_rows(g, b_stages, H + g.rows, H)
 
     def local(i):  # a global row as a row of the chunk's stages, kept inside them
         return jnp.clip(i - start, -H, g.rows - 1)
@@ -258,7 +257,7 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
 
     @pl.when(k < C)
     def _():
-        work = [_rows(g, refs_, g.total_rows) for refs_ in (*u_refs, y_refs)]
+        work = [_tpu.scratch_rows(g, refs_, g.total_rows) for refs_ in (*u_refs, y_refs)]
 
         def store(s, values):
             for rows, value in zip(work, values, strict=True):
@@ -272,9 +271,9 @@ def _kernel(*refs, g, op, K, l, u, kind, transposed, stored, parts, direct_out, 
     def _():
         j = 2 * C - 1 - k
         offset = _tpu.aligned(j * g.rows)
-        work = [_rows(g, refs_, g.total_rows, offset) for refs_ in (*u_refs, y_refs)]
+        work = [_tpu.scratch_rows(g, refs_, g.total_rows, offset) for refs_ in (*u_refs, y_refs)]
         y_rows = work[-1]
-        out = _tpu.joined([_tpu.RowRef(g, ref.at[0], g.rows) for ref in x_refs]) if direct_out else y_rows
+        out = _tpu.block_rows(g, x_refs) if direct_out else y_rows
 
         @pl.when(k == C)
         def _():
@@ -311,9 +310,9 @@ def _streamed_forward(*refs, g, op, K, l, u, kind, transposed, stored, parts, H,
     D = lo + up
     j = pl.program_id(2)
     if staged_work:
-        sinks = [_rows(g, _take(refs, px), g.rows) for _ in work_refs]
+        sinks = [_tpu.scratch_rows(g, _take(refs, px)) for _ in work_refs]
     else:
-        sinks = [_tpu.joined([_tpu.RowRef(g, ref.at[0], g.rows) for ref in parts_]) for parts_ in work_refs]
+        sinks = [_tpu.block_rows(g, parts_) for parts_ in work_refs]
 
     def store(s, values):
         for sink, value in zip(sinks, values, strict=True):
@@ -350,11 +349,10 @@ def _streamed_backward(*refs, g, l, u, kind, transposed, px, steps, staged_work,
             stages = _take(refs, px)
             for ref, stage in zip(parts_, stages, strict=True):
                 _tpu.stage_in(g, ref, stage)
-            work.append(_rows(g, stages, g.rows))
+            work.append(_tpu.scratch_rows(g, stages))
     else:
-        work = [_tpu.joined([_tpu.RowRef(g, ref.at[0], g.rows) for ref in parts_]) for parts_ in work_refs]
-    out = _rows(g, _take(refs, px), g.rows) if staged_out else _tpu.joined(
-        [_tpu.RowRef(g, ref.at[0], g.rows) for ref in x_refs])
+        work = [_tpu.block_rows(g, parts_) for parts_ in work_refs]
+    out = _tpu.scratch_rows(g, _take(refs, px)) if staged_out else _tpu.block_rows(g, x_refs)
     carry = _tpu.CarryTiles(carry_ref, px)
     B, values = kept - 1, kept + 1
 
@@ -385,11 +383,6 @@ def _streamed_backward(*refs, g, l, u, kind, transposed, px, steps, staged_work,
             carry.set(B + a * values + n, rows.load(a))
     if staged_out:
         _tpu.stage_out_parts(g, out, x_refs)
-
-
-def _rows(g: _tpu.Geometry, refs, rows: int, offset=0):
-    """A scratch's rows, joined over its parts."""
-    return _tpu.joined([_tpu.RowRef(g, ref, rows, offset) for ref in refs])
 
 
 def _splits(carry, parts: int):

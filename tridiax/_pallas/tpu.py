@@ -432,6 +432,18 @@ def joined(accesses):
     return accesses[0] if len(accesses) == 1 else SplitRows(*accesses)
 
 
+def block_rows(g: Geometry, blocks):
+    """The rows of a "rows" block (an output's, a work array's), joined over its parts
+    (`blocks`: one per part), read and written in place."""
+    return joined([RowRef(g, ref.at[0], g.rows) for ref in blocks])
+
+
+def scratch_rows(g: Geometry, refs, rows: int | None = None, offset=0):
+    """The rows of a VMEM scratch (a stage, a work scratch of `rows` rows from `offset`),
+    joined over its parts (`refs`: one per part)."""
+    return joined([RowRef(g, ref, g.rows if rows is None else rows, offset) for ref in refs])
+
+
 def split_dtype(dtype) -> tuple[int, jnp.dtype]:
     """How a kernel holds values of `dtype`: (its parts, the dtype of each): complex64 as two
     float32 parts, a real dtype as itself."""

@@ -163,9 +163,9 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out,
     if final_only:
         sink = None
     elif staged_out:
-        sink = _tpu.joined([_tpu.RowRef(g, stage, g.rows) for stage in out_stages])
+        sink = _tpu.scratch_rows(g, out_stages)
     else:
-        sink = _tpu.joined([_tpu.RowRef(g, ref.at[0], g.rows) for ref in h_refs])
+        sink = _tpu.block_rows(g, h_refs)
 
     def run(count):
         def step(i, carry):

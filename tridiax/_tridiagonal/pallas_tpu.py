@@ -239,20 +239,22 @@ class _Parts:
     def __init__(self, g, parts: int):
         self.g, self.parts = g, parts
 
-    def grouped(self, refs, make):
-        """One row access (`make(ref)`, joined over the parts) per operand of `refs`."""
-        return [_tpu.joined([make(ref) for ref in refs[n:n + self.parts]])
-                for n in range(0, len(refs), self.parts)]
+    def groups(self, refs):
+        """`refs` as one group of `parts` refs per operand."""
+        return [refs[n:n + self.parts] for n in range(0, len(refs), self.parts)]
 
     def readers(self, ops, refs, stages):
         """The row access of each operand (its blocks `refs`, `parts` each; staged operands
         fill the next of `stages`)."""
-        groups = [refs[n:n + self.parts] for n in range(0, len(refs), self.parts)]
-        return _tpu.part_readers(self.g, ops, groups, stages)
+        return _tpu.part_readers(self.g, ops, self.groups(refs), stages)
 
     def rows_of(self, refs):
         """Row accesses of "rows" output blocks, straight into the blocks."""
-        return self.grouped(refs, lambda ref: _tpu.RowRef(self.g, ref.at[0], self.g.rows))
+        return [_tpu.block_rows(self.g, group) for group in self.groups(refs)]
+
+    def scratches(self, refs, rows=None, offset=0):
+        """Row accesses of VMEM scratches (`_tpu.scratch_rows`)."""
+        return [_tpu.scratch_rows(self.g, group, rows, offset) for group in self.groups(refs)]
 
 
 def _initial_carry(g, kind):
@@ -278,7 +280,7 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
 
     def work_rows(j, offset=None):
         offset = _tpu.aligned(j * g.rows) if offset is None else offset
-        return io.grouped(work_refs, lambda ref: _tpu.RowRef(g, ref, g.total_rows, offset))
+        return io.scratches(work_refs, g.total_rows, offset)
 
     def output_rows():
         return io.rows_of(x_refs)[0]
@@ -402,8 +404,7 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     j = pl.program_id(2)
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     readers = io.readers(ops, band_refs, stages)
-    sinks = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_work
-             else io.rows_of(work_refs))
+    sinks = io.scratches(out_stages) if staged_work else io.rows_of(work_refs)
     n, sums = _CARRY[kind], _SUMS.get(kind, 0)
 
     @pl.when(j == 0)
@@ -499,8 +500,7 @@ def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out, periodi
     j = g.chunks - 1 - k
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     work = io.readers([_tpu.Operand("rows", staged=staged_work)] * n_work, work_refs, stages)
-    outs = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
-            else io.rows_of(x_refs))
+    outs = io.scratches(out_stages) if staged_out else io.rows_of(x_refs)
 
     @pl.when(k == 0)
     def _():
@@ -539,8 +539,7 @@ def _streamed_pivoted_backward(*refs, g, n_work, parts, staged_work, staged_out,
     k = pl.program_id(2)
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     work = io.readers([_tpu.Operand("rows", staged=staged_work)] * n_work, work_refs, stages)
-    outs = (io.grouped(out_stages, lambda ref: _tpu.RowRef(g, ref, g.rows)) if staged_out
-            else io.rows_of(x_refs))
+    outs = io.scratches(out_stages) if staged_out else io.rows_of(x_refs)
     X = 2 * rhs
 
     @pl.when(k == 0)
