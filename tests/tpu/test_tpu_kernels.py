@@ -184,8 +184,8 @@ def _sweep(bands, *, kind, transposed, dtype):
                                    periodic="periodic" in kind, pivoting="pivoted" in kind)
 
 
-def _as_accurate_as_the_sweep(got, bands, *, kind, transposed, dtype):
-    """The kernel's error against the exact answer is within a few times that of the float32
+def _as_accurate_as_the_sweep(got, bands, *, kind, transposed, dtype, factor=4):
+    """The kernel's error against the exact answer is within `factor` times that of the float32
     sequential sweep (rounded to `dtype`), system by system at its worst: the pivoted kinds
     run on matrices far from diagonally dominant, whose errors are set by their conditioning.
     Complex systems: the complex64 sweep, against complex128."""
@@ -199,7 +199,7 @@ def _as_accurate_as_the_sweep(got, bands, *, kind, transposed, dtype):
     scale = np.max(np.abs(exact), axis=1) + 1e-30
     errors = [np.max(np.max(np.abs(x - exact), axis=1) / scale) for x in (got, sweep)]
     eps = float(jnp.finfo(dtype).eps)
-    assert errors[0] <= 4 * errors[1] + 4 * eps, f"error {errors[0]:.3g}, the sweep's {errors[1]:.3g}"
+    assert errors[0] <= factor * errors[1] + 4 * eps, f"error {errors[0]:.3g}, the sweep's {errors[1]:.3g}"
 
 
 @pytest.mark.parametrize("case", KIND_CASES, ids=[f"{c[0]}-{i}" for c, i in
@@ -489,6 +489,42 @@ STREAMED_CASES = [
     ("periodic_pivoted", "transposed", 3, 1026, 1, BF16, False, 2 << 20),
     ("periodic_pivoted", "sublanes", 9, 300, 3, C64, True, 3 << 20),
 ]
+
+
+# Implicit periodic diffusion with large steps (l = u = -r, d = 1 + 2r): weakly dominant
+# systems, on which row 0 of y and z summed plainly during the forward sweep lost digits (4-6
+# times the sweep's error) that the back substitution keeps.
+DIFFUSION_CASES = [
+    ("periodic", "lanes", 1, 300, 130, F32, False, 1 << 20),
+    ("periodic_pivoted", "lanes", 1, 300, 130, F32, True, 3 << 19),
+    ("periodic", "transposed", 2, 700, 1, C64, False, 4 << 20),
+]
+
+
+@pytest.mark.parametrize("r", [1e2, 1e4])
+@pytest.mark.parametrize("case", DIFFUSION_CASES, ids=[f"{c[0]}-{c[1]}-{np.dtype(c[5]).name}-{c[6]}"
+                                                       for c in DIFFUSION_CASES])
+def test_streamed_periodic_solves_keep_the_sweeps_accuracy_on_implicit_diffusion(case, r, monkeypatch):
+    """A streamed periodic solve forms f from row 0 of y and z summed during the forward sweep;
+    on implicit diffusion its error stays within 1.5 times the sequential sweep's."""
+    kind, layout, P, N, Q, dtype, transposed, budget = case
+    assert _tpu.choose_layout(P, Q) == layout
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
+    assert not tpu_thomas.fits(P, N, Q, dtype, kind=kind)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("XLA's loop ran")
+
+    monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
+    rng = np.random.default_rng(N)
+    step = r * (1 + 0.1j) if dtype == C64 else r
+    off = jnp.full((P, N, Q), -step, dtype)
+    diag = jnp.asarray(1 + 2 * step + 0.01 * rng.random((P, N, Q)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((P, N, Q)), dtype)
+    bands = [off, diag, off, rhs]
+    x = tpu_thomas.solve_pnq(*bands, transposed=transposed, out_dtype=dtype, kind=kind,
+                             interpret=_tpu.interpret_params())
+    _as_accurate_as_the_sweep(x, bands, kind=kind, transposed=transposed, dtype=dtype, factor=1.5)
 
 
 @pytest.mark.parametrize("case", STREAMED_CASES, ids=[f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2:5]))}"

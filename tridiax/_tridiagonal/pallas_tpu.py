@@ -65,7 +65,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
-from .._core.split_complex import select, zeros_like
+from .._core.split_complex import SplitComplex, as_split, select, zeros_like
 from .._pallas import tpu as _tpu
 from . import periodic as _periodic
 from .xla import pivot_step
@@ -157,28 +157,45 @@ def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
 
 
 # Row tiles of the sums that give row 0 of y and z during a streamed periodic forward sweep
-# (`_first_row_sums`): the weight w and sums w.y', w.z' (unpivoted); the weights pending for the
-# next two rows and the sums (pivoted).
-_SUMS = {"periodic": 3, "periodic_pivoted": 4}
+# (`_first_row_sums`): the weight w (unpivoted; pivoted, what the next two rows owe to the
+# weights so far), then each sum and its compensation.
+_SUMS = {"periodic": 5, "periodic_pivoted": 6}
 
 
 def _first_row_sums(kind, sums, row, *, first, valid=True):
     """Row 0 of y = U^{-1} y' (and z) as the sum of w[k] y'[k], U^T w = e_0, updated with U's row
     k (`row`: c'[k-1], y'[k], z'[k] unpivoted; pivot, U1, U2, y'[k], z'[k] pivoted; `first`:
     k == 0; `valid`: a row of U at all): the streamed forward sweep forms f before the back
-    substitution, which then writes x = y - f z at once instead of y and z. The sum is the back
-    substitution's value of y[0], its terms summed in the other order."""
-    if kind == "periodic":  # unit upper bidiagonal, c'[k] above the diagonal: w[k] = -c'[k-1] w[k-1]
-        w, sum_y, sum_z = sums
+    substitution, which then writes x = y - f z at once instead of y and z. The sums are
+    compensated (`_compensated_add`): summed plainly, on weakly dominant systems (implicit
+    diffusion with large steps), they lose digits that the back substitution keeps."""
+    pivoting = kind == "periodic_pivoted"
+    weights, (sum_y, error_y, sum_z, error_z) = sums[:-4], sums[-4:]
+    if pivoting:
+        ahead, after = weights  # what rows k and k+1 owe to w[k-1] and w[k-2]
+        pivot, u1, u2, y, z = row
+        w = select(first, 1.0, -ahead) / pivot
+        weights = (select(first, 0.0, after) + u1 * w, u2 * w)
+    else:  # a unit upper bidiagonal U, c'[k] above the diagonal: w[k] = -c'[k-1] w[k-1]
         c_prev, y, z = row
-        w = select(first, 1.0, -c_prev * w)
-        return w, select(first, 0.0, sum_y) + w * y, select(first, 0.0, sum_z) + w * z
-    ahead, after, sum_y, sum_z = sums  # what rows k and k+1 owe to w[k], w[k+1] so far
-    pivot, u1, u2, y, z = row
-    w = select(first, 1.0, -ahead) / pivot
-    updated = (select(first, 0.0, after) + u1 * w, u2 * w,
-               select(first, 0.0, sum_y) + w * y, select(first, 0.0, sum_z) + w * z)
+        w = select(first, 1.0, -c_prev * sums[0])
+        weights = (w,)
+    restart = [select(first, 0.0, v) for v in (sum_y, error_y, sum_z, error_z)]
+    updated = (*weights, *_compensated_add(*restart[:2], w * y), *_compensated_add(*restart[2:], w * z))
     return tuple(select(valid, new, old) for new, old in zip(updated, sums, strict=True))
+
+
+def _compensated_add(total, error, term):
+    """Neumaier's compensated sum: (total + term, the rounding error so far); the sum is their
+    sum. Complex values add part by part."""
+    if any(isinstance(v, SplitComplex) for v in (total, error, term)):
+        total, error, term = (as_split(v) for v in (total, error, term))
+        re, im = (_compensated_add(*(getattr(v, part) for v in (total, error, term)))
+                  for part in ("re", "im"))
+        return SplitComplex(re[0], im[0]), SplitComplex(re[1], im[1])
+    new = total + term
+    lost = jnp.where(jnp.abs(total) >= jnp.abs(term), (total - new) + term, (term - new) + total)
+    return new, error + lost
 
 
 def _pivoted_last_values(g, kind, transposed, carry):
@@ -454,9 +471,11 @@ def _finish_forward(g, kind, transposed, carry, tail_ref, f_ref, parts):
             return
         # U's rows N-2 and N-1 (N >= 3); the last holds y[N-1] and z[N-1] themselves
         sums = _first_row_sums(kind, state[n:], before, first=False)
-        (y0, z0), ends = _first_row_sums(kind, sums, last, first=False)[2:], last[3:]
+        sums, ends = _first_row_sums(kind, sums, last, first=False), last[3:]
     else:
-        (y0, z0), ends = state[-2:], state[1:3]  # y'[N-1] = y[N-1], z'[N-1] = z[N-1]
+        sums, ends = state[n:], state[1:3]  # y'[N-1] = y[N-1], z'[N-1] = z[N-1]
+    sum_y, error_y, sum_z, error_z = sums[-4:]
+    y0, z0 = sum_y + error_y, sum_z + error_z
     alpha, gamma, beta = state[n - 3:n]
     (yl, zl) = ends
     _tpu.CarryTiles(f_ref, parts).set(0, _periodic.sherman_morrison_factor(
