@@ -491,6 +491,20 @@ STREAMED_CASES = [
 ]
 
 
+def _streamed_only(monkeypatch, case):
+    """The VMEM budget of a streamed `case` (kind, layout, P, N, Q, dtype, transposed, budget),
+    too small for the one-launch kernel, and XLA's loop refused."""
+    kind, layout, P, N, Q, dtype, _, budget = case
+    assert _tpu.choose_layout(P, Q) == layout
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
+    assert not tpu_thomas.fits(P, N, Q, dtype, kind=kind)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("XLA's loop ran")
+
+    monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
+
+
 # Implicit periodic diffusion with large steps (l = u = -r, d = 1 + 2r): weakly dominant
 # systems, on which row 0 of y and z summed plainly during the forward sweep lost digits (4-6
 # times the sweep's error) that the back substitution keeps.
@@ -508,14 +522,7 @@ def test_streamed_periodic_solves_keep_the_sweeps_accuracy_on_implicit_diffusion
     """A streamed periodic solve forms f from row 0 of y and z summed during the forward sweep;
     on implicit diffusion its error stays within 1.5 times the sequential sweep's."""
     kind, layout, P, N, Q, dtype, transposed, budget = case
-    assert _tpu.choose_layout(P, Q) == layout
-    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
-    assert not tpu_thomas.fits(P, N, Q, dtype, kind=kind)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("XLA's loop ran")
-
-    monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
+    _streamed_only(monkeypatch, case)
     rng = np.random.default_rng(N)
     step = r * (1 + 0.1j) if dtype == C64 else r
     off = jnp.full((P, N, Q), -step, dtype)
@@ -533,17 +540,10 @@ def test_systems_too_long_for_vmem_stream_their_work_rows(case, monkeypatch):
     """Solves too long for VMEM run two kernels (the forward sweep writing c' and y', or U's
     rows, to HBM, the back substitution reading them), not XLA's loop: against the NumPy
     sweep (the complex case against complex128), factored solves with the kernel's factors,
-    periodic and pivoted ones (z' streamed too, x = y - f z formed after) as accurate as the
-    sequential sweep of their kind."""
+    periodic and pivoted ones (z' streamed too, x = y - f z written by the back substitution)
+    as accurate as the sequential sweep of their kind."""
     kind, layout, P, N, Q, dtype, transposed, budget = case
-    assert _tpu.choose_layout(P, Q) == layout
-    monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
-    assert not tpu_thomas.fits(P, N, Q, dtype, kind=kind)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("XLA's loop ran")
-
-    monkeypatch.setattr(tpu_thomas, "_xla_loop", refuse)
+    _streamed_only(monkeypatch, case)
     rng = np.random.default_rng(N + P)
     params = _tpu.interpret_params()
     if kind in ("periodic", "pivoted", "periodic_pivoted"):
