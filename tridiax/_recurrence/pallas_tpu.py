@@ -65,9 +65,9 @@ def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifte
     scan order from `h_start`, then every run again from its entering state, writing each
     step's state to `sink` (None: final state only). The dependent steps are 2R + SEGMENTS
     instead of `count`; every state is the sequential recurrence's from the state entering its
-    run. Steps past `count` (the last run's) leave
-    the state as it is. `a_start`: the coefficient of the step before the chunk (`shifted`).
-    Returns the state after the last step in scan order and that step's a."""
+    run. Steps past `count` (the last run's) leave the state as it is. `a_start`: the
+    coefficient of the step before the chunk (`shifted`). Returns the state after the last step
+    in scan order and that step's a."""
     S = SEGMENTS
     R = -(-count // S)
     width = tile[-1]

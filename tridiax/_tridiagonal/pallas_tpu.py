@@ -162,6 +162,11 @@ def _pivoted_row(kind, transposed, bands, carry, work, *, r, target, last):
 _SUMS = {"periodic": 5, "periodic_pivoted": 6}
 
 
+def _streamed_carry_tiles(kind: str) -> int:
+    """Row tiles a streamed forward sweep carries across chunks: the sweep's, then the sums."""
+    return _CARRY[kind] + _SUMS.get(kind, 0)
+
+
 def _first_row_sums(kind, sums, row, *, first, valid=True):
     """Row 0 of y = U^{-1} y' (and z) as the sum of w[k] y'[k], U^T w = e_0, updated with U's row
     k (`row`: c'[k-1], y'[k], z'[k] unpivoted; pivot, U1, U2, y'[k], z'[k] pivoted; `first`:
@@ -238,7 +243,7 @@ def _substitution_row(work, store):
         store(i, after)
         return (*after, cs.load(i))
 
-    return row, vectors
+    return row
 
 
 def _storing(sinks):
@@ -351,17 +356,15 @@ def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
             store_carry([tile(0.0)] * 4)
 
         def run(count):
+            vectors = work[3:] if _pivoting(kind) else work[1:]
+            store = _storing(vectors if out is None else [out])
             if _pivoting(kind):
-                vectors = work[3:]
-
                 def row(i, carry):  # carry: x[i+1], x[i+2] of each right-hand side
                     after = _pivoted_substitution([w.load(i) for w in work], carry)
-                    for n, v in enumerate(vectors):
-                        (v if out is None else out).store(i, after[2 * n])
+                    store(i, after[::2])
                     return tuple(after)
             else:
-                vectors = work[1:]
-                row, _ = _substitution_row(work, _storing(vectors if out is None else [out]))
+                row = _substitution_row(work, store)
             rhs = len(vectors)
             carry = load_carry(2 * rhs if _pivoting(kind) else rhs + 1)
             store_carry(_tpu.loop(count, row, carry, reverse=True))
@@ -422,12 +425,12 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
     io, carry = _Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
     readers = io.readers(ops, band_refs, stages)
     sinks = io.scratches(out_stages) if staged_work else io.rows_of(work_refs)
-    n, sums = _CARRY[kind], _SUMS.get(kind, 0)
+    n, total = _CARRY[kind], _streamed_carry_tiles(kind)
 
     @pl.when(j == 0)
     def _():
         zero = jnp.zeros(g.tile, jnp.float32)
-        carry.store(_initial_carry(g, kind) + [zero] * sums)
+        carry.store(_initial_carry(g, kind) + [zero] * (total - n))
 
     def run(count):
         def row(i, state):
@@ -448,7 +451,7 @@ def _streamed_forward(*refs, g, ops, kind, transposed, parts, staged_work):
                 return (*after, *_first_row_sums(kind, state[n:], values, first=r == 0))
             return after
 
-        carry.store(_tpu.loop(count, row, carry.load(n + sums)))
+        carry.store(_tpu.loop(count, row, carry.load(total)))
 
     _tpu.over_rows(g, j, run)
     if pivoting or periodic:
@@ -463,7 +466,7 @@ def _finish_forward(g, kind, transposed, carry, tail_ref, f_ref, parts):
     """After a streamed forward sweep's last row: the pivoted kinds' last two rows of U to the
     tail, and a periodic solve's f of x = y - f z (`carry`: the sweep's, then the sums)."""
     n = _CARRY[kind]
-    state = carry.load(n + _SUMS.get(kind, 0))
+    state = carry.load(_streamed_carry_tiles(kind))
     if _pivoting(kind):
         before, last = _pivoted_last_values(g, kind, transposed, state[:n])
         _tpu.CarryTiles(tail_ref, parts).store([*before, *last])
@@ -477,7 +480,7 @@ def _finish_forward(g, kind, transposed, carry, tail_ref, f_ref, parts):
     sum_y, error_y, sum_z, error_z = sums[-4:]
     y0, z0 = sum_y + error_y, sum_z + error_z
     alpha, gamma, beta = state[n - 3:n]
-    (yl, zl) = ends
+    yl, zl = ends
     _tpu.CarryTiles(f_ref, parts).set(0, _periodic.sherman_morrison_factor(
         y0, yl, z0, zl, alpha, gamma, beta, transposed=transposed))
 
@@ -526,7 +529,7 @@ def _streamed_backward(*refs, g, n_work, parts, staged_work, staged_out, periodi
         carry.store([jnp.zeros(g.tile, jnp.float32)] * n_work)
 
     def run(count):
-        row, _ = _substitution_row(work, _solution_store(outs, f_ref, parts))
+        row = _substitution_row(work, _solution_store(outs, f_ref, parts))
         carry.store(_tpu.loop(count, row, carry.load(n_work), reverse=True))
 
     _tpu.over_rows(g, j, run)
@@ -622,7 +625,7 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
         forward = _tpu.vmem_need(
             g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)] + [(tile, 4)] * (tiles * parts),
             stages=sum(op.kind == "rows" and op.staged for op in ops) + n_work * parts * staged_work,
-            scratch_rows=(_CARRY[kind] + _SUMS.get(kind, 0)) * parts, outputs=[4] * (n_work * parts))
+            scratch_rows=_streamed_carry_tiles(kind) * parts, outputs=[4] * (n_work * parts))
         backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts) + [(tile, 4)] * (tiles * parts),
                                   stages=parts * (n_work * staged_work + staged_out),
                                   scratch_rows=carried * parts, outputs=[part_dtype.itemsize] * parts)
@@ -650,7 +653,7 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
     def backward_chunk(k):
         return C - 1 - k
 
-    scratch = [vmem(((_CARRY[kind] + _SUMS.get(kind, 0)) * parts, *g.tile), jnp.float32)]
+    scratch = [vmem((_streamed_carry_tiles(kind) * parts, *g.tile), jnp.float32)]
     scratch += [stage for _, op in prepared if op.kind == "rows" and op.staged]
     scratch += [stage] * (n_work * parts * staged_work)
     kernel = functools.partial(_streamed_forward, g=g, ops=ops, kind=kind, transposed=transposed,
