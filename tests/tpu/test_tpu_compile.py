@@ -128,6 +128,24 @@ def _factors(factorization):
     return factorization.lower_factor, factorization.inverse_pivots, factorization.upper_factor
 
 
+def _banded_factors(factorization):
+    return factorization.u_rows, factorization.multipliers, factorization.pivots
+
+
+def _banded_factorization(ab, multipliers, pivots):
+    """The factorization of Banded(ab, (2, 2)) along axis 0 with pivoting, from its factors:
+    U's five kept rows are ab's shape, so ab stands in for them."""
+    return tridiax.BandedFactorization(tridiax.Banded(ab, (2, 2), axis=0),
+                                       _factors=(ab, multipliers, pivots))
+
+
+def _banded_factor_specs(shape, rhs=None):
+    """The bands (and U's kept rows), multipliers, pivots and right-hand side of systems of
+    `shape`, (2, 2) bands."""
+    return [((5, *shape), "float32"), ((2, *shape), "float32"), (shape, "int32"),
+            (rhs or shape, "float32")]
+
+
 # name: (function, argument specs, kernels it must compile to, held to the floor (within
 # FLOOR_FACTOR): "program", its program's HBM bytes (a gradient's ("grad-") floor is the
 # adjoint's too, `_floor`); ("streamed", w), its program's bytes, the floor counting w float32
@@ -187,6 +205,29 @@ ENTRY_POINTS = {
     "banded-longer-than-vmem-f32": (lambda ab, b: tridiax.solve_banded((2, 2), ab, b, axis=0),
                                     [((5, 30000, 1024), "float32"), ((30000, 1024), "float32")], 2,
                                     ("streamed", 6)),
+    # a banded factorization: the forward elimination writing U's kept rows, the multipliers
+    # and the pivots; then solves with given factors (U's five kept rows passed as the bands,
+    # which only the gradient reads), A x = b and A^T x = b, and one matrix's factors (SMEM
+    # scalars) against many right-hand sides
+    "banded-factor-f32": (lambda ab: _banded_factors(tridiax.Banded(ab, (2, 2), axis=0).factor()),
+                          [((5, 1000, 4096), "float32")], 1, "program"),
+    "banded-factor-batch-first-bf16": (
+        lambda ab: _banded_factors(tridiax.Banded(ab, (1, 2), axis=-1).factor(pivoting=False)),
+        [((4, 4096, 1000), "bfloat16")], 1, "program"),
+    "banded-factored-solve-f32": (lambda ab, m, p, b: _banded_factorization(ab, m, p).solve(b),
+                                  _banded_factor_specs((1000, 4096)), 1, "program"),
+    "banded-factored-solve-transposed-f32": (lambda ab, m, p, b: _banded_factorization(ab, m, p).T.solve(b),
+                                             _banded_factor_specs((1000, 4096)), 1, "program"),
+    "banded-factored-solve-batch-first-f32": (
+        lambda ab, m, p, b: tridiax.BandedFactorization(tridiax.Banded(ab, (2, 2), axis=-1),
+                                                        _factors=(ab, m, p)).solve(b),
+        [((5, 4096, 1000), "float32"), ((2, 4096, 1000), "float32"), ((4096, 1000), "int32"),
+         ((4096, 1000), "float32")], 1, "program"),
+    "banded-factored-solve-one-matrix-f32": (lambda ab, m, p, b: _banded_factorization(ab, m, p).solve(b),
+                                             _banded_factor_specs((1000, 1), rhs=(1000, 4096)), 1,
+                                             "program"),
+    "grad-banded-factored-solve-f32": (_grad(lambda ab, m, p, b: _banded_factorization(ab, m, p).solve(b), (0, 3)),
+                                       _banded_factor_specs((1000, 4096)), 2, "kernels"),
     # solveh_banded: the kernel reads the other triangle's entries from the stored one
     "solveh-banded-f32": (lambda ab, b: tridiax.solveh_banded(ab, b, axis=0),
                           [((3, 1000, 4096), "float32"), ((1000, 4096), "float32")], 1, "program"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -20,13 +19,12 @@ from jax.typing import ArrayLike
 
 from .._core import along_axis as _along
 from .._core import dispatch as _dispatch
-from .._core import layout as _layout
 from .._core import not_lineax as _not_lineax
 from .._core.dtypes import compute_dtype
 from .._core.inputs import check_operator_rank, plan_of, read
 from . import algebra
-from . import xla as _xla_banded
 from .api import check_bandwidths, solve
+from .primitive import banded_factor_p, banded_factored_solve_p
 
 
 class _RankView(NamedTuple):
@@ -184,7 +182,8 @@ class BandedFactorization(eqx.Module):
     """The LU factors of a `Banded` operator (partial pivoting as LAPACK's gbtrf, or none),
     for solving many right-hand sides: `A.factor().solve(rhs)` equals `A.solve(rhs)`.
 
-    Computed by the XLA formulation on every platform (`_banded/xla.py`, `factor_pnq`).
+    Computed by Pallas kernels on a TPU (`_banded/pallas_tpu_factors.py`), by the XLA
+    formulation elsewhere (`_banded/xla.py`, `factor_pnq`): the same factors, in its layout.
     Differentiable w.r.t. the operator's bands and the right-hand side (implicitly, through
     `lax.custom_linear_solve`: one factored solve per derivative); `.T` solves with A^T.
     """
@@ -208,15 +207,10 @@ class BandedFactorization(eqx.Module):
             return
         op = operator
         axis = op._from_end() + op.ab.ndim - 1
-        shape = op.band_shape
-        P, N, Q = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
-        dtype = compute_dtype(op.ab.dtype)
-        ab = lax.stop_gradient(op.ab).reshape((op.ab.shape[0], P, N, Q))
+        ab = jnp.broadcast_to(lax.stop_gradient(op.ab), (op.ab.shape[0], *op.band_shape))
         kind = "banded_pivoted" if pivoting else "banded"
-        factors = _xla_banded.factor_pnq(ab, l=op.l, u=op.u, kind=kind, shape=(P, N, Q),
-                                         out_dtype=dtype)
-        self.u_rows, self.multipliers, self.pivots = (
-            f.reshape(f.shape[:-3] + shape) for f in factors)
+        self.u_rows, self.multipliers, self.pivots = banded_factor_p.bind(
+            ab, l=op.l, u=op.u, axis=axis, kind=kind, backend=None)
 
     @property
     def T(self) -> BandedFactorization:
@@ -239,20 +233,19 @@ class BandedFactorization(eqx.Module):
 
         band_full = (1,) * (ndim - len(op.band_shape)) + op.band_shape
 
-        def view(f):  # factors (c, *band) as (c, P|1, N, Q|1) against the full shape
-            f = f.reshape((f.shape[0],) + band_full)
-            return jax.vmap(lambda g: _layout.to_pnq(g, axis, full))(f)
-
-        u_rows, multipliers, pivots = (view(f) for f in (self.u_rows, self.multipliers,
-                                                         self.pivots[None]))
-        pivots = pivots[0]
+        # The factors with the rank of b (their band shape broadcasts against it), in the
+        # dtype the solve computes in (real factors stay real against a complex b).
+        compute = compute_dtype(dtype)
+        u_rows, multipliers = (
+            f.reshape((f.shape[0], *band_full)).astype(
+                compute if jnp.iscomplexobj(f) else jnp.finfo(compute).dtype)
+            for f in (self.u_rows, self.multipliers))
+        pivots = self.pivots.reshape(band_full)
 
         def factored(transposed):
             def run(v):
-                out = _xla_banded.factored_solve_pnq(
-                    u_rows.astype(dtype), multipliers.astype(dtype), pivots,
-                    _layout.to_pnq(v, axis, full), transposed=transposed, out_dtype=dtype)
-                return out.reshape(full)
+                return banded_factored_solve_p.bind(u_rows, multipliers, pivots, v, axis=axis,
+                                                    transposed=transposed, backend=None)
             return run
 
         def matvec(v):

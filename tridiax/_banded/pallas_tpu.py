@@ -120,12 +120,14 @@ def _take(refs: list, count: int) -> list:
 
 
 def _forward(g, inputs, carry, store, over_steps, *, j, op, K, l, u, kind, transposed, stored, H,
-             px):
+             px, record=False):
     """The forward elimination of grid step j (traced): chunk j's bands and b staged, then the
     steps `over_steps(run)` gives (`run(first, count)`), each kept row of U and y given to
-    `store(s, values)` (1/pivot, the kept superdiagonals, y), the window carried between steps
-    and grid steps in `carry`. `inputs`: the bands' blocks, b's, the bands' stages, b's, the
-    SMEM halo (or None)."""
+    `store(s, values)` (1/pivot, the kept superdiagonals, y; with `record`, a factorization's:
+    1/pivot, the kept superdiagonals, the multipliers, the pivot row), the window carried
+    between steps and grid steps in `carry`. `inputs`: the bands' blocks, b's (none: a
+    factorization, whose right-hand side is zero), the bands' stages, b's, the SMEM halo (or
+    None)."""
     ab_refs, b_refs, band_stages, b_stages, halo_ref = inputs
     lo, up = (u, l) if transposed else (l, u)
     width = lo + up + 1
@@ -163,7 +165,7 @@ def _forward(g, inputs, carry, store, over_steps, *, j, op, K, l, u, kind, trans
         bands = [_tpu.joined([_tpu.TileRef(ref.at[n]) for ref in ab_refs]) for n in range(K)]
     for ref, stage in zip(b_refs, b_stages, strict=True):
         _tpu.stage_in(g, ref, stage, offset=H)
-    rhs_rows = _tpu.scratch_rows(g, b_stages, H + g.rows, H)
+    rhs_rows = _tpu.scratch_rows(g, b_stages, H + g.rows, H) if b_stages else None
 
     def local(i):  # a global row as a row of the chunk's stages, kept inside them
         return jnp.clip(i - start, -H, g.rows - 1)
@@ -181,6 +183,8 @@ def _forward(g, inputs, carry, store, over_steps, *, j, op, K, l, u, kind, trans
         return select(valid, value, zero)
 
     def rhs(i):
+        if rhs_rows is None:
+            return zero
         return select(i < g.N, rhs_rows.load(local(i)), zero)
 
     def load_row(i, shift: int, length: int):
@@ -196,10 +200,14 @@ def _forward(g, inputs, carry, store, over_steps, *, j, op, K, l, u, kind, trans
         window, values = unflatten(flat)
         window.append(load_row(s + lo, lo, row_length(lo)))
         values.append(rhs(s + lo))
-        inverse, head, y, rest, rest_values = _window.eliminate(
-            window, values, pivoting=pivoting, hermitian=hermitian, zero=zero)
+        inverse, head, y, rest, rest_values, *factors = _window.eliminate(
+            window, values, pivoting=pivoting, hermitian=hermitian, zero=zero, factors=record)
         kept = _window.kept_columns(l, u, kind, transposed)
-        store(s, [inverse, *head[: kept - 1], y])
+        if record:
+            multipliers, p = factors
+            store(s, [inverse, *head[: kept - 1], *multipliers, p.astype(jnp.float32)])
+        else:
+            store(s, [inverse, *head[: kept - 1], y])
         return flatten(rest, rest_values)
 
     def run(first, count):

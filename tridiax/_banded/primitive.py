@@ -24,15 +24,20 @@ Sharded batch dimensions stay sharded: each device solves the systems it holds
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
+from jax.interpreters import batching
 
 from .._core import backend as _backend
 from .._core import layout as _layout
 from .._core import planner as _planner
 from .._core import sharding as _sharding
+from .._core.dtypes import compute_dtype
 from .._core.jax_private import ShapedArray
-from .._core.primitive import solve_primitive
+from .._core.primitive import PLATFORMS, VaryingPrimitive, def_jit_impl, solve_primitive
 from . import algebra
 
 
@@ -125,3 +130,165 @@ def _align_batch(operands, dims, axis):
 banded_solve_p = solve_primitive(
     "tridiax_banded_solve", solves="the banded solve", abstract_eval=_abstract_eval,
     lowering=_lowering, jvp_term=_jvp_term, align_batch=_align_batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Factor once, solve many (`BandedFactorization`): the factorization and the factored solve as
+# primitives, so that a TPU runs them as Pallas kernels (`pallas_tpu_factors.py`) and every
+# other platform as XLA's loops (`xla.py`), with sharded batch dimensions kept sharded.
+
+
+def _factor_kernels(backend: str):
+    """(factor, factored solve) of `backend`: the Pallas TPU kernels (interpreted by Pallas's
+    HLO interpreter for "pallas_tpu_interpret", as the other TPU kernels' backend is), else
+    XLA's loops, which every backend's banded factorization runs."""
+    from . import xla as _xla
+
+    if backend not in _planner.TPU_BACKENDS:
+        return _xla.factor_pnq, _xla.factored_solve_pnq
+    from . import pallas_tpu_factors as _tpu_factors
+
+    interpret = True if backend == "pallas_tpu_interpret" else None
+    return (functools.partial(_tpu_factors.factor_pnq, interpret=interpret),
+            functools.partial(_tpu_factors.factored_solve_pnq, interpret=interpret))
+
+
+def _pnq(shape, axis: int) -> tuple[int, int, int]:
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _factor_abstract_eval(ab, *, l, u, axis, kind, backend):
+    """The factors (`_xla_banded.factor_pnq`), in the dtype the elimination computes in."""
+    del axis, backend
+    shape, dtype = ab.shape[1:], compute_dtype(ab.dtype)
+    kept = l + u + 1 if kind == "banded_pivoted" else u + 1
+    return [ShapedArray((kept, *shape), dtype), ShapedArray((l, *shape), dtype),
+            ShapedArray(shape, jnp.int32)]
+
+
+def _factor_lowering(platform: str):
+    def factor(ab, *, l, u, axis, kind, backend):
+        backend = backend or _backend.default_backend(platform, ab.dtype, op="banded")
+        kernel = _factor_kernels(backend)[0]
+        outs = _factor_abstract_eval(ab, l=l, u=u, axis=axis, kind=kind, backend=backend)
+
+        def factor_ordered(ab, axis):
+            shape = ab.shape[1:]
+            P, N, Q = _pnq(shape, axis)
+            factors = kernel(ab.reshape(ab.shape[0], P, N, Q), l=l, u=u, kind=kind,
+                             shape=(P, N, Q), out_dtype=compute_dtype(ab.dtype))
+            return [f.reshape(f.shape[:-3] + shape) for f in factors]
+
+        def local(ab):
+            if backend not in _planner.TPU_BACKENDS:
+                return factor_ordered(ab, axis)
+            # in the order a TPU stores the systems (`_in_physical_order`), transposed back
+            from .._pallas import tpu as _tpu
+
+            order = _tpu.physical_order(ab.shape[1:], compute_dtype(ab.dtype))
+            if order is None:
+                return factor_ordered(ab, axis)
+            inverse = tuple(order.index(d) for d in range(len(order)))
+            factors = factor_ordered(jnp.transpose(ab, (0, *(d + 1 for d in order))),
+                                     order.index(axis))
+            stacked = (0, *(d + 1 for d in inverse))
+            return [jnp.transpose(factors[0], stacked), jnp.transpose(factors[1], stacked),
+                    jnp.transpose(factors[2], inverse)]
+
+        return _sharding.partitioned(local, [ab.shape], [o.shape for o in outs], axis,
+                                     leading=(1,), out_leading=(1, 1, 0))(ab)
+
+    return factor
+
+
+banded_factor_p = VaryingPrimitive("tridiax_banded_factor")
+banded_factor_p.multiple_results = True
+def_jit_impl(banded_factor_p)
+banded_factor_p.def_abstract_eval(_factor_abstract_eval)
+for _platform in PLATFORMS:
+    _sharding.register_lowering(banded_factor_p, _factor_lowering(_platform), _platform,
+                                multiple_results=True)
+
+
+def _factor_batch(operands, dims, *, axis, **params):
+    (ab,), (dim,) = operands, dims
+    ab = jnp.moveaxis(ab, dim, 1)  # one more batch dimension, first of the systems'
+    return banded_factor_p.bind(ab, axis=axis + 1, **params), [1, 1, 0]
+
+
+batching.primitive_batchers[banded_factor_p] = _factor_batch
+
+
+def _factored_abstract_eval(u_rows, multipliers, pivots, b, *, axis, transposed, backend):
+    del u_rows, multipliers, pivots, axis, transposed, backend
+    return ShapedArray(b.shape, b.dtype)
+
+
+def _factored_lowering(platform: str):
+    def solve(u_rows, multipliers, pivots, b, *, axis, transposed, backend):
+        backend = backend or _backend.default_backend(platform, b.dtype, op="banded")
+        kernel = _factor_kernels(backend)[1]
+
+        def local(u_rows, multipliers, pivots, b):
+            if backend not in _planner.TPU_BACKENDS:
+                return solve_ordered(u_rows, multipliers, pivots, b, axis)
+            from .._pallas import tpu as _tpu
+
+            order = _tpu.physical_order(b.shape, b.dtype)
+            if order is None:
+                return solve_ordered(u_rows, multipliers, pivots, b, axis)
+            inverse = tuple(order.index(d) for d in range(len(order)))
+            stacked = (0, *(d + 1 for d in order))
+            x = solve_ordered(jnp.transpose(u_rows, stacked), jnp.transpose(multipliers, stacked),
+                              jnp.transpose(pivots, order), jnp.transpose(b, order),
+                              order.index(axis))
+            return jnp.transpose(x, inverse)
+
+        def solve_ordered(u_rows, multipliers, pivots, b, axis):
+            full = b.shape
+
+            def view(stack):  # (c, *s) as (c, P|1, N, Q|1) against b's shape
+                return jax.vmap(lambda f: _layout.to_pnq(f, axis, full))(stack)
+
+            x = kernel(view(u_rows), view(multipliers), _layout.to_pnq(pivots, axis, full),
+                       _layout.to_pnq(b, axis, full), transposed=transposed, out_dtype=b.dtype)
+            return x.reshape(full)
+
+        return _sharding.partitioned(
+            local, [u_rows.shape, multipliers.shape, pivots.shape, b.shape], [b.shape], axis,
+            leading=(1, 1, 0, 0))(u_rows, multipliers, pivots, b)
+
+    return solve
+
+
+def _factored_jvp_term(tangents, x, **params):
+    raise NotImplementedError("the factors are constants of a factored solve: its derivatives "
+                              "come from the operator's bands (`BandedFactorization.solve`)")
+
+
+def _align_factored_batch(operands, dims, axis):
+    """The vmapped dimension where b has it (or the first batch position), the factors'
+    after their stack axis; unbatched operands get a size-1 dimension there."""
+    u_rows, multipliers, pivots, b = operands
+    u_dim, m_dim, p_dim, b_dim = dims
+    if b_dim is not None:
+        bdim = b_dim
+    else:
+        bdim = next(d - 1 for d in (u_dim, m_dim) if d is not None) if p_dim is None else p_dim
+        bdim = max(bdim, 0)
+        b = jnp.expand_dims(b, bdim)
+
+    def place(x, d, lead):
+        if d is None:
+            return jnp.expand_dims(x, bdim + lead)
+        return jnp.moveaxis(x, d, bdim + lead)
+
+    b = b if b_dim is None else place(b, b_dim, 0)
+    moved = (place(u_rows, u_dim, 1), place(multipliers, m_dim, 1), place(pivots, p_dim, 0), b)
+    return moved, bdim, axis + 1 if bdim <= axis else axis
+
+
+banded_factored_solve_p = solve_primitive(
+    "tridiax_banded_factored_solve", solves="the factored banded solve",
+    abstract_eval=_factored_abstract_eval, lowering=_factored_lowering,
+    jvp_term=_factored_jvp_term, align_batch=_align_factored_batch)

@@ -28,18 +28,22 @@ def window_tiles(l: int, u: int, kind: str, transposed: bool) -> int:
     return rows + lo
 
 
-def eliminate(window, values, *, pivoting: bool, hermitian: bool, zero, full=lambda v: v):
+def eliminate(window, values, *, pivoting: bool, hermitian: bool, zero, full=lambda v: v,
+              factors: bool = False):
     """Step j of the elimination: with `pivoting`, the row of largest |W[r, 0]| (|Re| + |Im|)
     swapped to the top (first of equals; a NaN first, as jnp.argmax); then row 0 kept and
     column 0 eliminated from the others. `hermitian`: a pivot whose real part is not positive
     becomes NaN. `zero`: the tile the eliminated rows gain at their end with pivoting;
     `full(tile)`: a tile broadcast to the kernel's tile shape. Returns (1/pivot, row 0's other
-    entries, row 0's right-hand side, rows 1..R-1 eliminated, their right-hand sides)."""
+    entries, row 0's right-hand side, rows 1..R-1 eliminated, their right-hand sides), and with
+    `factors` also the multipliers of rows 1..R-1 and the row swapped to the top (int32 tile,
+    0 without pivoting): a factorization's entries (`_xla_banded.factor_pnq`)."""
     window, values = [list(row) for row in window], list(values)
     R = len(window)
+    p = jnp.zeros(jnp.shape(magnitude(window[0][0])), jnp.int32)
     if pivoting and R > 1:
         size = [magnitude(row[0]) for row in window]
-        best, p = size[0], jnp.zeros(size[0].shape, jnp.int32)
+        best = size[0]
         for r in range(1, R):
             take = (size[r] > best) | (jnp.isnan(size[r]) & ~jnp.isnan(best))
             best = jnp.where(take, size[r], best)
@@ -57,12 +61,15 @@ def eliminate(window, values, *, pivoting: bool, hermitian: bool, zero, full=lam
         pivot = select(pivot.real > 0, pivot, jnp.nan)
     inverse = 1 / pivot
     head = window[0][1:]
-    rest, rest_values = [], []
+    rest, rest_values, multipliers = [], [], []
     for r in range(1, R):
         m = window[r][0] * inverse
+        multipliers.append(m)
         row = [w - m * head[c] if c < len(head) else w for c, w in enumerate(window[r][1:])]
         if pivoting:
             row.append(zero)
         rest.append([full(v) for v in row])
         rest_values.append(full(values[r] - m * values[0]))
+    if factors:
+        return inverse, head, values[0], rest, rest_values, multipliers, full(p)
     return inverse, head, values[0], rest, rest_values

@@ -119,15 +119,16 @@ def _quietly_lowered(fn: Callable) -> Callable:
 def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
                 out_shapes: Sequence[tuple[int, ...]], axis: int, *,
                 split: Callable | None = None, leading: Sequence[int] = (),
-                trailing: int = 0) -> Callable:
+                trailing: int = 0, out_leading: Sequence[int] = ()) -> Callable:
     """`local(*operands)`, returning one array per `out_shapes` (a single array when there is
     one), partitioned along the batch dimensions.
 
     The operands' systems dimensions have one rank and broadcast to the full shape; each
     output has that shape, or size 1 along `axis` (a recurrence's final state). An operand may
     have dimensions of its own before them (`leading[j]` for operand j: a banded solve's band
-    axis), and every operand and output the same number after them (`trailing`: a block
-    solve's two block dimensions); those are never sharded. `local` must work on any block of
+    axis; `out_leading[j]` for output j: a banded factorization's stacked factors), and every
+    operand and output the same number after them (`trailing`: a block solve's two block
+    dimensions); those are never sharded. `local` must work on any block of
     the batch dimensions: it is traced again with each device's local shapes.
 
     `split(*operands, names=, devices=)`, if given, runs on each device when the inputs split
@@ -140,7 +141,9 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
     leading = tuple(leading) + (0,) * (len(operand_shapes) - len(leading))
     operands = [(lead, tuple(shape[lead:len(shape) - trailing]))
                 for lead, shape in zip(leading, operand_shapes, strict=True)]
-    outs = [(0, tuple(shape[:len(shape) - trailing])) for shape in out_shapes]
+    out_leading = tuple(out_leading) + (0,) * (len(out_shapes) - len(out_leading))
+    outs = [(lead, tuple(shape[lead:len(shape) - trailing]))
+            for lead, shape in zip(out_leading, out_shapes, strict=True)]
     full = tuple(np.broadcast_shapes(*(s for _, s in operands), *(s for _, s in outs)))
     ndim = len(full)
 
@@ -152,7 +155,7 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
                         + [f"{owner}t{k}" for k in range(trailing)])
 
     rule = (", ".join(factors(lead, s, f"in{j}_") for j, (lead, s) in enumerate(operands))
-            + " -> " + ", ".join(factors(0, s, f"out{j}_") for j, (_, s) in enumerate(outs)))
+            + " -> " + ", ".join(factors(lead, s, f"out{j}_") for j, (lead, s) in enumerate(outs)))
 
     def systems_spec(sharding, lead):
         """The entries of `sharding`'s spec on the systems dimensions of an array with `lead`
@@ -175,7 +178,7 @@ def partitioned(local: Callable, operand_shapes: Sequence[tuple[int, ...]],
         return tuple(follow(lead, s) for lead, s in operands), out[0] if single else out
 
     def partition(mesh, arg_shapes, result_shape):
-        spec = systems_spec((result_shape if single else result_shape[0]).sharding, 0)
+        spec = systems_spec((result_shape if single else result_shape[0]).sharding, outs[0][0])
         # How the inputs split the axis (the output may not have it: a final state).
         entry = None
         for (lead, shape), arg in zip(operands, arg_shapes):

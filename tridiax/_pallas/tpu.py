@@ -548,19 +548,20 @@ class ScalarRef:
         return value
 
 
-def stage_in(g: Geometry, block, stage, offset: int = 0):
-    """Fill a float32 stage (`stage_shape`, or `rows_shape` of `offset` + g.rows rows) with the
-    chunk's rows of a "rows" block, from row `offset` of the stage on."""
-    total = offset + g.rows
+def stage_in(g: Geometry, block, stage, offset=0, rows: int | None = None):
+    """Fill a float32 stage (`stage_shape`, or `rows_shape` of `rows` rows: `offset` + g.rows
+    unless given) with the chunk's rows of a "rows" block, from row `offset` of the stage on
+    (traced where `rows` is given: a chunk of a scratch holding every chunk)."""
+    total = offset + g.rows if rows is None else rows
     if g.layout == "lanes":
-        stage[offset:total, :] = block[0].astype(jnp.float32)
+        stage[pl.ds(offset, g.rows), :] = block[0].astype(jnp.float32)
     elif g.layout == "sublanes":
         for p in range(g.s):
-            stage[p * total + offset:(p + 1) * total, :] = block[p].astype(jnp.float32)
+            stage[pl.ds(p * total + offset, g.rows), :] = block[p].astype(jnp.float32)
     else:
         for j in range(g.s):
             lanes = slice(j * LANES, (j + 1) * LANES)
-            stage[offset:total, lanes] = block[lanes, :].astype(jnp.float32).T
+            stage[pl.ds(offset, g.rows), lanes] = block[lanes, :].astype(jnp.float32).T
 
 
 def stage_out(g: Geometry, source: RowRef, block):

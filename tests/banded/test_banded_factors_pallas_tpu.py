@@ -1,0 +1,133 @@
+"""The banded factorization and factored-solve kernels, `_banded/pallas_tpu_factors.py`, in TPU
+interpret mode (TPU semantics on CPU, VMEM starting as NaNs), and the primitives that run them
+on a TPU (`_banded/primitive.py`) under vmap and reverse mode.
+
+The factors are XLA's (`_xla_banded.factor_pnq`, the same elimination step for step): they
+must agree with them, the pivots exactly. The solves, A x = b and A^T x = b from those
+factors, are held to scipy's solution of the same matrices, within the error of XLA's
+factored solve in the same dtype (the plain sweep). The cases cover every layout of the
+kernels ("sublanes" of two chunks, whose elimination reads the halo; "lanes"; "transposed"
+batch-first systems), one matrix for every system (SMEM scalars), bands with no sub- or
+super-diagonals, systems of 1, 2 and 3 rows, float32, bfloat16 and complex64. The kernels
+compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from banded_contract import problem, reference
+
+from tridiax._banded import pallas_tpu_factors as _tpu_factors
+from tridiax._banded import xla as _xla_banded
+from tridiax._banded.primitive import banded_factor_p, banded_factored_solve_p
+from tridiax._pallas import tpu as _tpu
+
+pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pallas TPU backend")
+
+# (l, u, kind, (P, N, Q), ab's (P, N, Q) or None (full), dtype)
+CASES = [
+    (2, 1, "banded_pivoted", (3, 300, 5), None, np.float32),  # "sublanes", two chunks
+    (1, 2, "banded", (2, 300, 130), None, np.float32),  # "lanes", two chunks
+    (2, 2, "banded_pivoted", (129, 40, 1), None, np.float32),  # "transposed"
+    (2, 1, "banded_pivoted", (3, 300, 5), (1, 300, 1), np.float32),  # one matrix: SMEM
+    (0, 2, "banded", (3, 7, 5), None, np.float32),
+    (3, 0, "banded_pivoted", (3, 33, 5), None, np.float32),
+    (2, 2, "banded_pivoted", (2, 1, 5), None, np.float32),
+    (2, 1, "banded_pivoted", (2, 2, 5), None, np.float32),
+    (1, 2, "banded", (2, 3, 5), None, np.float32),
+    (1, 2, "banded_pivoted", (2, 40, 130), None, jnp.bfloat16),
+    (2, 1, "banded_pivoted", (3, 40, 5), None, np.complex64),
+    (2, 2, "banded_pivoted", (130, 33, 1), None, np.complex64),
+]
+
+
+def _id(case):
+    l, u, kind, shape, ab, dtype = case
+    return f"{l}-{u}-{kind}-{'x'.join(map(str, shape))}{'-one-matrix' if ab else ''}-{np.dtype(dtype).name}"
+
+
+def _compute(dtype):
+    return np.complex64 if np.issubdtype(np.dtype(dtype), np.complexfloating) else np.float32
+
+
+@functools.cache
+def _factor(l, u, kind, shape, dtype, kernel):
+    fn = _tpu_factors.factor_pnq if kernel else _xla_banded.factor_pnq
+    options = dict(l=l, u=u, kind=kind, shape=shape, out_dtype=_compute(dtype))
+    if kernel:
+        options["interpret"] = _tpu.interpret_params()
+    return jax.jit(functools.partial(fn, **options))
+
+
+@functools.cache
+def _factored_solve(transposed, dtype, kernel):
+    fn = _tpu_factors.factored_solve_pnq if kernel else _xla_banded.factored_solve_pnq
+    options = dict(transposed=transposed, out_dtype=dtype)
+    if kernel:
+        options["interpret"] = _tpu.interpret_params()
+    return jax.jit(functools.partial(fn, **options))
+
+
+def _error(x, want):
+    """Largest error of each system (P, Q), relative to its largest value."""
+    x = np.asarray(x).astype(want.dtype)
+    return np.max(np.abs(x - want), axis=1) / np.maximum(np.max(np.abs(want), axis=1), 1e-30)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_factors_match_xla_and_solves_are_as_accurate(case):
+    l, u, kind, shape, ab_shape, dtype = case
+    ab, b, clean = problem(l, u, kind, shape, ab_shape, dtype=dtype, seed=sum(shape) + l)
+    ab, b = jnp.asarray(ab), jnp.asarray(b)
+    band = ab.shape[1:]
+    got = _factor(l, u, kind, band, dtype, True)(ab)
+    want = _factor(l, u, kind, band, dtype, False)(ab)
+    for g, w in zip(got[:2], want[:2], strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(want[2]))
+    eps = float(jnp.finfo(dtype).eps)
+    for transposed in (False, True):
+        exact = reference(clean, np.asarray(b), l, u, transposed)
+        x = _factored_solve(transposed, dtype, True)(*got, b)
+        sweep = _factored_solve(transposed, dtype, False)(*want, b)
+        assert x.shape == b.shape and x.dtype == b.dtype
+        error, allowed = _error(x, exact), 1.5 * _error(sweep, exact) + 4 * eps
+        assert np.all(error <= allowed), (transposed, float(np.max(error / allowed)))
+
+
+def _problem(shape=(2, 40, 3), l=2, u=1):
+    ab, b, _ = problem(l, u, "banded_pivoted", shape, dtype=np.float32, seed=3)
+    return jnp.asarray(np.nan_to_num(ab)), jnp.asarray(b)
+
+
+def _factor_and_solve(backend, ab, b, *, axis=1):
+    factors = banded_factor_p.bind(ab, l=2, u=1, axis=axis, kind="banded_pivoted", backend=backend)
+
+    def solve(b):
+        return banded_factored_solve_p.bind(*factors, b, axis=axis, transposed=False, backend=backend)
+
+    x, vjp = jax.vjp(solve, b)
+    return factors, x, vjp(jnp.cos(x))[0]  # the cotangent: one transposed factored solve
+
+
+def test_primitives_run_the_kernels_under_reverse_mode_and_vmap():
+    """The primitives on the interpreted TPU backend: factors, solve and its cotangent (the
+    transposed kernel) equal XLA's; under vmap (a leading batch dimension of the bands and of
+    b) each system's the same as unbatched."""
+    ab, b = _problem()
+    backend = "pallas_tpu_interpret"
+    got, want = _factor_and_solve(backend, ab, b), _factor_and_solve("xla", ab, b)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+    stacked_ab, stacked_b = jnp.stack([ab, 2 * ab]), jnp.stack([b, -b])
+    batched = jax.vmap(functools.partial(_factor_and_solve, backend))(stacked_ab, stacked_b)
+    for n in range(2):
+        one = _factor_and_solve(backend, stacked_ab[n], stacked_b[n])
+        for g, w in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
+            np.testing.assert_allclose(np.asarray(g[n]), np.asarray(w), rtol=2e-5, atol=1e-6)
