@@ -131,3 +131,31 @@ def test_primitives_run_the_kernels_under_reverse_mode_and_vmap():
         one = _factor_and_solve(backend, stacked_ab[n], stacked_b[n])
         for g, w in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
             np.testing.assert_allclose(np.asarray(g[n]), np.asarray(w), rtol=2e-5, atol=1e-6)
+
+
+def test_factors_too_long_for_vmem_run_xla_loops(monkeypatch):
+    """The VMEM plan narrows the row tile for longer systems; where no row tile holds a
+    system's factors, the factorization and its solves run XLA's loops, with the same
+    results."""
+    l, u, kind, shape = 2, 1, "banded_pivoted", (1, 300, 1024)
+    ab, b, clean = problem(l, u, kind, shape, dtype=np.float32, seed=5)
+    ab, b = jnp.asarray(ab), jnp.asarray(b)
+    wide = _tpu_factors._factor_plan(*shape, ab, np.float32, l=l, u=u, kind=kind)
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 6 << 20)
+    narrow = _tpu_factors._factor_plan(*shape, ab, np.float32, l=l, u=u, kind=kind)
+    assert narrow is not None and narrow.s < wide.s
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 16)
+    assert _tpu_factors._factor_plan(*shape, ab, np.float32, l=l, u=u, kind=kind) is None
+    factors = _tpu_factors.factor_pnq(ab, l=l, u=u, kind=kind, shape=shape, out_dtype=np.float32)
+    stacks = (factors[0], factors[1], factors[2][None])  # the pivots as a stack of one
+    assert _tpu_factors._solve_plan(*shape, stacks, b, np.float32) is None
+    want = _xla_banded.factor_pnq(ab, l=l, u=u, kind=kind, shape=shape, out_dtype=np.float32)
+    for g, w in zip(factors, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    for transposed in (False, True):
+        x = _tpu_factors.factored_solve_pnq(*factors, b, transposed=transposed, out_dtype=np.float32)
+        exact = reference(clean, np.asarray(b), l, u, transposed)
+        np.testing.assert_array_equal(
+            np.asarray(x), np.asarray(_xla_banded.factored_solve_pnq(*want, b, transposed=transposed,
+                                                                     out_dtype=np.float32)))
+        assert np.max(_error(x, exact)) < 1e-3

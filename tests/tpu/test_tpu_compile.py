@@ -431,7 +431,8 @@ def test_other_generations(topology):
     HBM once, which XLA's cost analysis counts twice); a gradient's kernels each move their
     operands once (its program: 0.6-1.13x its floor, printed, one array from the limit on v5p)."""
     _require_harness()
-    names = ("solve-batch-first-f32", "solve-middle-axis-bf16", "grad-recurrence-f32", "block-middle-axis-k3-f32")
+    names = ("solve-batch-first-f32", "solve-middle-axis-bf16", "grad-recurrence-f32", "block-middle-axis-k3-f32",
+             "banded-factor-f32", "banded-factored-solve-transposed-f32")
     reports = _reports(topology, names)
     for name, report in reports.items():
         if not report.error:

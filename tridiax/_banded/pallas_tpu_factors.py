@@ -19,8 +19,8 @@ written once:
   place (row j + lo is final after step j); then a pass writing x out.
 
 Complex64 runs as float32 parts (`_pallas/tpu.py`, `parts_of`); the pivots are real. Systems
-too long for their VMEM scratch run XLA's loops (`_xla_banded`), as for the solve without
-streamed kernels: `fits` says which.
+too long for their VMEM scratch run XLA's loops (`_xla_banded`): there are no streamed
+factorization kernels (`_factor_plan` and `_solve_plan` return None for them).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def factor_pnq(ab, *, l: int, u: int, kind: str, shape: tuple[int, int, int], ou
     bands in scipy's layout, `shape` (P, N, Q) the systems' (the factors' shape; the bands
     broadcast against it), kind "banded" or "banded_pivoted". Returns (u_rows (kept, P, N, Q),
     multipliers (l, P, N, Q), both of `out_dtype`, pivots (P, N, Q) int32). XLA's loop where
-    the factors do not fit VMEM (`fits_factor`)."""
+    the factors do not fit VMEM (`_factor_plan`)."""
     P, N, Q = shape
     out_dtype = jnp.dtype(out_dtype)
     _tpu.check_dtype(out_dtype)
