@@ -52,6 +52,18 @@ def _stages_of(g, op, count: int) -> int:
     return count if op.kind == "rows" and op.staged else 0
 
 
+# VMEM Mosaic allots beside the kernel's own buffers and scratch (internal scratch, counted in
+# the kernel's scoped VMEM by the compiler), planned for so that a plan at the budget stays
+# within it.
+_MOSAIC_SCRATCH = 64 << 10
+
+
+def _carry_bytes(tiles: int) -> int:
+    """VMEM bytes of a carry scratch of `tiles` row tiles (each padded to a whole (8, 128)
+    tile, whatever its sublanes) and of Mosaic's own scratch."""
+    return tiles * _tpu.SUBLANES * _tpu.LANES * 4 + _MOSAIC_SCRATCH
+
+
 def _prepare(g, stack, complex_: bool):
     """A (c, P|1, N, Q|1) stack as the kernel takes it: its parts, their `Operand`."""
     parts = _tpu.parts_of(stack, complex_ and jnp.iscomplexobj(stack))
@@ -120,9 +132,9 @@ def _factor_plan(P, N, Q, ab, out_dtype, *, l, u, kind, budget=None):
         op = _solve_kernels._band_operand(g, ab.shape[1:], ab_part)
         stages = K * pa if op.kind == "rows" else 0
         total = _tpu.vmem_need(g, [(op, ab_part.itemsize)] * (K * pa), stages=0,
-                               scratch_rows=arrays * g.total_rows + px * carry,
-                               outputs=[4] * arrays)
-        return total + stages * (_solve_kernels._halo(g, l, u) + g.rows) * g.row_tile_bytes()
+                               scratch_rows=arrays * g.total_rows, outputs=[4] * arrays)
+        return (total + stages * (_solve_kernels._halo(g, l, u) + g.rows) * g.row_tile_bytes()
+                + _carry_bytes(px * carry))
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
@@ -199,58 +211,68 @@ def _swapped(rows: list, p) -> list:
     return [top, *rows[1:]]
 
 
-def _solve_refs(refs, g, ops, kept: int, lo: int, parts):
-    """A factored solve's refs (`_solve_kernel`'s): the blocks of U's columns, the multipliers,
-    the pivots, b and x (each in its parts: `parts`), the solution's scratch, the carry
-    (`CarryTiles`), the stages of the three stacks, and b's stages (whatever refs remain)."""
-    pf, pm, pp, pb, px = parts
-    u_op, m_op, p_op = ops
-    take = functools.partial(_solve_kernels._take, refs := list(refs))
-    blocks = [take(n) for n in (pf, pm, pp, pb, px, px)]
-    carry = _tpu.CarryTiles(take(1)[0], px)
-    stages = [take(_stages_of(g, op, count) * n)
-              for op, count, n in ((u_op, kept, pf), (m_op, lo, pm), (p_op, 1, pp))]
-    return (*blocks, carry, stages, refs)
+class _FactoredRefs:
+    """A factored solve's refs, in `factored_solve_pnq`'s order: the blocks of U's kept columns,
+    the multipliers, the pivots, b and x (each in its parts: `parts`), the VMEM scratch of the
+    solution (every chunk), the carry, the stages of the three stacks, b's stages (the rest)."""
+
+    def __init__(self, refs, g, ops, kept: int, lo: int, parts):
+        pf, pm, pp, pb, px = parts
+        take = functools.partial(_solve_kernels._take, refs := list(refs))
+        self.u, self.m, self.p, self.b, self.x, self.work = (take(n) for n in (pf, pm, pp, pb, px, px))
+        self.carry = _tpu.CarryTiles(take(1)[0], px)
+        self.stages = [take(_stages_of(g, op, count) * n)
+                       for op, count, n in zip(ops, (kept, lo, 1), (pf, pm, pp), strict=True)]
+        self.b_stages = refs
+        self.g, self.ops, self.kept, self.lo, self.px = g, ops, kept, lo, px
+        self.step = pl.program_id(2)
+        self.zero = jnp.zeros(g.tile, jnp.float32)
+
+    def solution(self, offset=0):
+        """The solution scratch's rows from `offset`."""
+        return _tpu.scratch_rows(self.g, self.work, self.g.total_rows, offset)
+
+    def columns_of_u(self) -> list:
+        """Row readers of U's kept columns (this chunk's)."""
+        return _stack_readers(self.g, self.ops[0], self.u, self.kept, list(self.stages[0]))
+
+    def row_operations(self):
+        """Row readers of the multipliers (a list) and of the pivots (this chunk's)."""
+        multipliers = _stack_readers(self.g, self.ops[1], self.m, self.lo, list(self.stages[1]))
+        return multipliers, _stack_readers(self.g, self.ops[2], self.p, 1, list(self.stages[2]))[0]
 
 
-def _solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_out):
-    """A x = b from the factors, in three passes over the chunks (module docstring). Refs: the
-    blocks of U's kept columns, the multipliers, the pivots (each stack in its parts), b's and
-    x's; the VMEM scratch of y (every chunk), the carry; the stages of the staged stacks."""
-    (u_refs, m_refs, p_refs, b_refs, x_refs, y_refs, carry, (u_stages, m_stages, p_stages),
-     _) = _solve_refs(refs, g, ops, kept, lo, parts)
-    u_op, m_op, p_op = ops
-    C, px = g.chunks, parts[-1]
-    k = pl.program_id(2)
-    zero = jnp.zeros(g.tile, jnp.float32)
-    y = _tpu.scratch_rows(g, y_refs, g.total_rows)
+def _solve_kernel(*refs, g, ops, kept, lo, parts, direct_out):
+    """A x = b from the factors, in three passes over the chunks (module docstring); refs as
+    `_FactoredRefs` reads them, the solution's scratch holding y."""
+    r = _FactoredRefs(refs, g, ops, kept, lo, parts)
+    C, k, px, carry, zero = g.chunks, r.step, r.px, r.carry, r.zero
+    y = r.solution()
 
     @pl.when(k < C)
     def _():  # b, chunk k, into y's scratch
-        for ref, scratch in zip(b_refs, y_refs, strict=True):
+        for ref, scratch in zip(r.b, r.work, strict=True):
             _tpu.stage_in(g, ref, scratch, offset=_tpu.aligned(k * g.rows), rows=g.total_rows)
 
     if lo:
         @pl.when(jnp.logical_and(k >= C, k < 2 * C))
         def _():  # L's row operations on chunk j's rows, in place
             j = k - C
-            multipliers = _stack_readers(g, m_op, m_refs, lo, list(m_stages))
-            pivot = _stack_readers(g, p_op, p_refs, 1, list(p_stages))[0] if pivoting else None
+            multipliers, pivot = r.row_operations()
 
             @pl.when(j == 0)
             def _():
-                carry.store([select(r < g.N, y.load(min(r, g.N - 1)), zero) for r in range(lo)])
+                carry.store([select(n < g.N, y.load(min(n, g.N - 1)), zero) for n in range(lo)])
 
             def step(i, window):
                 s = j * g.chunk + i
                 incoming = y.load(jnp.minimum(s + lo, g.N - 1))
                 window = [*window, select(s + lo < g.N, incoming, zero)]
-                if pivoting:
-                    window = _swapped(window, pivot.load(i))
+                window = _swapped(window, pivot.load(i))  # pivots of 0 without pivoting
                 head = window[0]
                 y.store(s, head)
                 return _solve_kernels._splits(
-                    tuple(window[r] - multipliers[r - 1].load(i) * head for r in range(1, lo + 1)), px)
+                    tuple(window[n] - multipliers[n - 1].load(i) * head for n in range(1, lo + 1)), px)
 
             def run(count):
                 carry.store(_tpu.loop(count, step, _solve_kernels._splits(carry.load(lo), px)))
@@ -260,10 +282,9 @@ def _solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_out):
     @pl.when(k >= 2 * C)
     def _():  # the back substitution, chunk w, last first
         w = 3 * C - 1 - k
-        offset = _tpu.aligned(w * g.rows)
-        y_rows = _tpu.scratch_rows(g, y_refs, g.total_rows, offset)
-        work = [*_stack_readers(g, u_op, u_refs, kept, list(u_stages)), y_rows]
-        out = _tpu.block_rows(g, x_refs) if direct_out else y_rows
+        y_rows = r.solution(_tpu.aligned(w * g.rows))
+        work = [*r.columns_of_u(), y_rows]
+        out = _tpu.block_rows(g, r.x) if direct_out else y_rows
 
         @pl.when(k == 2 * C)
         def _():
@@ -280,26 +301,22 @@ def _solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_out):
 
         _tpu.over_rows(g, w, run)
         if not direct_out:
-            _tpu.stage_out_parts(g, y_rows, x_refs)
+            _tpu.stage_out_parts(g, y_rows, r.x)
 
 
-def _transposed_solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_out):
-    """A^T x = b from the factors, in three passes over the chunks (module docstring); the
-    refs as `_solve_kernel`'s, z's scratch in y's place."""
+def _transposed_solve_kernel(*refs, g, ops, kept, lo, parts, direct_out):
+    """A^T x = b from the factors, in three passes over the chunks (module docstring); refs as
+    `_FactoredRefs` reads them, the solution's scratch holding z, then x."""
     del direct_out
-    (u_refs, m_refs, p_refs, b_refs, x_refs, z_refs, carry, (u_stages, m_stages, p_stages),
-     b_stages) = _solve_refs(refs, g, ops, kept, lo, parts)
-    u_op, m_op, p_op = ops
-    C, px = g.chunks, parts[-1]
-    k = pl.program_id(2)
-    zero = jnp.zeros(g.tile, jnp.float32)
-    z = _tpu.scratch_rows(g, z_refs, g.total_rows)
+    r = _FactoredRefs(refs, g, ops, kept, lo, parts)
+    C, k, px, carry, zero = g.chunks, r.step, r.px, r.carry, r.zero
+    z = r.solution()
 
     @pl.when(k < C)
     def _():  # U^T z = b, chunk k: z[i] = (b[i] - sums[0]) / pivot, sums of the rows below
-        U = _stack_readers(g, u_op, u_refs, kept, list(u_stages))
-        (b,) = _tpu.part_readers(g, [_tpu.Operand("rows", staged=bool(b_stages))], [b_refs],
-                                 list(b_stages))
+        U = r.columns_of_u()
+        (b,) = _tpu.part_readers(g, [_tpu.Operand("rows", staged=bool(r.b_stages))], [r.b],
+                                 list(r.b_stages))
 
         @pl.when(k == 0)
         def _():
@@ -322,8 +339,7 @@ def _transposed_solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_ou
         @pl.when(jnp.logical_and(k >= C, k < 2 * C))
         def _():  # L's row operations transposed, chunk w, last row first
             w = 2 * C - 1 - k
-            multipliers = _stack_readers(g, m_op, m_refs, lo, list(m_stages))
-            pivot = _stack_readers(g, p_op, p_refs, 1, list(p_stages))[0] if pivoting else None
+            multipliers, pivot = r.row_operations()
 
             @pl.when(k == C)
             def _():
@@ -333,11 +349,9 @@ def _transposed_solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_ou
                 s = w * g.chunk + i
                 rows = [z.load(s), *below]
                 total = rows[0]
-                for r in range(1, lo + 1):
-                    total = total - multipliers[r - 1].load(i) * rows[r]
-                rows[0] = total
-                if pivoting:
-                    rows = _swapped(rows, pivot.load(i))
+                for n in range(1, lo + 1):
+                    total = total - multipliers[n - 1].load(i) * rows[n]
+                rows = _swapped([total, *rows[1:]], pivot.load(i))
                 # Row s + lo is final: no later step (a lower row) reaches it. Past the end, the
                 # store lands on row N - 1, which its own final store overwrites later.
                 z.store(jnp.minimum(s + lo, g.N - 1), rows[lo])
@@ -351,13 +365,12 @@ def _transposed_solve_kernel(*refs, g, ops, kept, lo, pivoting, parts, direct_ou
 
             @pl.when(w == 0)
             def _():
-                for r, value in enumerate(carry.load(lo)[:min(lo, g.N)]):
-                    z.store(r, value)
+                for n, value in enumerate(carry.load(lo)[:min(lo, g.N)]):
+                    z.store(n, value)
 
     @pl.when(k >= 2 * C)
     def _():
-        offset = _tpu.aligned((k - 2 * C) * g.rows)
-        _tpu.stage_out_parts(g, _tpu.scratch_rows(g, z_refs, g.total_rows, offset), x_refs)
+        _tpu.stage_out_parts(g, r.solution(_tpu.aligned((k - 2 * C) * g.rows)), r.x)
 
 
 def _solve_plan(P, N, Q, factors, b, out_dtype, *, budget=None):
@@ -379,8 +392,8 @@ def _solve_plan(P, N, Q, factors, b, out_dtype, *, budget=None):
         b_item = _tpu.split_dtype(b.dtype)[1]
         inputs += [(_tpu.Operand("rows", staged=True), b_item.itemsize)] * pb
         stages += pb * _tpu.staged(g, b_item)
-        return _tpu.vmem_need(g, inputs, stages=stages, scratch_rows=px * (g.total_rows + carry),
-                              outputs=[part.itemsize] * px)
+        return _tpu.vmem_need(g, inputs, stages=stages, scratch_rows=px * g.total_rows,
+                              outputs=[part.itemsize] * px) + _carry_bytes(px * carry)
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
@@ -431,7 +444,6 @@ def factored_solve_pnq(u_rows, multipliers, pivots, b, *, transposed: bool, out_
         scratch += [stage] * len(b_parts)
     kernel = functools.partial(_transposed_solve_kernel if transposed else _solve_kernel, g=g,
                                ops=(u_op, m_op, p_op), kept=kept, lo=lo,
-                               pivoting=bool(lo),
                                parts=(len(u_parts), len(m_parts), len(p_parts), len(b_parts), px),
                                direct_out=not _tpu.staged(g, part))
     x = _tpu.call(kernel, g, [*u_parts, *m_parts, *p_parts, *b_parts], in_specs,

@@ -20,6 +20,13 @@ vmapped dimension as one more batch dimension of b (and of ab, after its band ax
 
 Sharded batch dimensions stay sharded: each device solves the systems it holds
 (`_core/sharding.py`); a sharded solve axis is gathered first.
+
+`BandedFactorization` runs on two more primitives, built the same way: `banded_factor_p`
+(the bands, with the band shape, to the factors of `_xla_banded.factor_pnq`; its input is
+stop_gradient'ed, so it is never differentiated) and `banded_factored_solve_p` (the factors
+and b to x, a solve primitive whose transpose is the factored solve with A^T; the derivatives
+with respect to the bands come from `BandedFactorization.solve`'s custom_linear_solve). On a
+TPU both run the Pallas kernels of `pallas_tpu_factors.py`; elsewhere XLA's loops.
 """
 
 from __future__ import annotations
