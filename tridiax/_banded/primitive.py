@@ -32,7 +32,6 @@ TPU both run the Pallas kernels of `pallas_tpu_factors.py`; elsewhere XLA's loop
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +66,8 @@ def _lowering(platform: str):
         def local(ab, b):
             """The systems one device holds (all of them when unsharded)."""
             if on_tpu:
-                return _in_physical_order(solve_ordered, ab, b, axis, b.dtype)
+                return _in_physical_order(solve_ordered, (ab, b), (1, 0), axis,
+                                          _full_shape(ab, b), b.dtype)
             return solve_ordered(ab, b, axis)
 
         def solve_ordered(ab, b, axis):
@@ -90,21 +90,29 @@ def _lowering(platform: str):
     return solve
 
 
-def _in_physical_order(solve, ab, b, axis: int, dtype):
-    """`solve(ab, b, axis)` on the operands transposed into the order a TPU stores them in
-    (`_pallas/tpu.py`, `physical_order`; the band axis stays first), transposed back."""
+def _in_physical_order(solve, operands, leading, axis: int, shape, dtype, out_leading=(0,)):
+    """`solve(*operands, axis)` on the operands transposed into the order a TPU stores
+    systems of `shape` and `dtype` in (`_pallas/tpu.py`, `physical_order`), its results
+    transposed back. Operand i has `leading[i]` stacked axes first (bands, factors), which stay
+    first, as do each result's `out_leading`; an operand of fewer dimensions than `shape`
+    broadcasts against it from the right."""
     from .._pallas import tpu as _tpu
 
-    order = _tpu.physical_order(_full_shape(ab, b), dtype)
+    order = _tpu.physical_order(shape, dtype)
     if order is None:
-        return solve(ab, b, axis)
+        return solve(*operands, axis)
     rank = len(order)
-    ab = ab.reshape(ab.shape[:1] + (1,) * (rank + 1 - ab.ndim) + ab.shape[1:])
-    b = b.reshape((1,) * (rank - b.ndim) + b.shape)
-    inverse = tuple(order.index(d) for d in range(len(order)))
-    x = solve(jnp.transpose(ab, (0, *(d + 1 for d in order))), jnp.transpose(b, order),
-              order.index(axis))
-    return jnp.transpose(x, inverse)
+    inverse = tuple(order.index(d) for d in range(rank))
+
+    def permuted(x, lead, permutation):
+        x = x.reshape(x.shape[:lead] + (1,) * (rank + lead - x.ndim) + x.shape[lead:])
+        return jnp.transpose(x, (*range(lead), *(d + lead for d in permutation)))
+
+    results = solve(*map(permuted, operands, leading, [order] * len(operands)),
+                    order.index(axis))
+    if isinstance(results, (list, tuple)):
+        return [permuted(x, lead, inverse) for x, lead in zip(results, out_leading, strict=True)]
+    return permuted(results, out_leading[0], inverse)
 
 
 def _jvp_term(tangents, x, *, l, u, axis, transposed, backend, kind, stored):
@@ -160,10 +168,6 @@ def _factor_kernels(backend: str):
             functools.partial(_tpu_factors.factored_solve_pnq, interpret=interpret))
 
 
-def _pnq(shape, axis: int) -> tuple[int, int, int]:
-    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
-
-
 def _factor_abstract_eval(ab, *, l, u, axis, kind, backend):
     """The factors (`_xla_banded.factor_pnq`), in the dtype the elimination computes in."""
     del axis, backend
@@ -181,26 +185,16 @@ def _factor_lowering(platform: str):
 
         def factor_ordered(ab, axis):
             shape = ab.shape[1:]
-            P, N, Q = _pnq(shape, axis)
-            factors = kernel(ab.reshape(ab.shape[0], P, N, Q), l=l, u=u, kind=kind,
-                             shape=(P, N, Q), out_dtype=compute_dtype(ab.dtype))
+            ab_view = jax.vmap(lambda band: _layout.to_pnq(band, axis, shape))(ab)
+            factors = kernel(ab_view, l=l, u=u, kind=kind, shape=ab_view.shape[1:],
+                             out_dtype=compute_dtype(ab.dtype))
             return [f.reshape(f.shape[:-3] + shape) for f in factors]
 
         def local(ab):
             if backend not in _planner.TPU_BACKENDS:
                 return factor_ordered(ab, axis)
-            # in the order a TPU stores the systems (`_in_physical_order`), transposed back
-            from .._pallas import tpu as _tpu
-
-            order = _tpu.physical_order(ab.shape[1:], compute_dtype(ab.dtype))
-            if order is None:
-                return factor_ordered(ab, axis)
-            inverse = tuple(order.index(d) for d in range(len(order)))
-            factors = factor_ordered(jnp.transpose(ab, (0, *(d + 1 for d in order))),
-                                     order.index(axis))
-            stacked = (0, *(d + 1 for d in inverse))
-            return [jnp.transpose(factors[0], stacked), jnp.transpose(factors[1], stacked),
-                    jnp.transpose(factors[2], inverse)]
+            return _in_physical_order(factor_ordered, (ab,), (1,), axis, ab.shape[1:],
+                                      compute_dtype(ab.dtype), out_leading=(1, 1, 0))
 
         return _sharding.partitioned(local, [ab.shape], [o.shape for o in outs], axis,
                                      leading=(1,), out_leading=(1, 1, 0))(ab)
@@ -237,19 +231,11 @@ def _factored_lowering(platform: str):
         kernel = _factor_kernels(backend)[1]
 
         def local(u_rows, multipliers, pivots, b):
+            operands = (u_rows, multipliers, pivots, b)
             if backend not in _planner.TPU_BACKENDS:
-                return solve_ordered(u_rows, multipliers, pivots, b, axis)
-            from .._pallas import tpu as _tpu
-
-            order = _tpu.physical_order(b.shape, b.dtype)
-            if order is None:
-                return solve_ordered(u_rows, multipliers, pivots, b, axis)
-            inverse = tuple(order.index(d) for d in range(len(order)))
-            stacked = (0, *(d + 1 for d in order))
-            x = solve_ordered(jnp.transpose(u_rows, stacked), jnp.transpose(multipliers, stacked),
-                              jnp.transpose(pivots, order), jnp.transpose(b, order),
-                              order.index(axis))
-            return jnp.transpose(x, inverse)
+                return solve_ordered(*operands, axis)
+            return _in_physical_order(solve_ordered, operands, (1, 1, 0, 0), axis, b.shape,
+                                      b.dtype)
 
         def solve_ordered(u_rows, multipliers, pivots, b, axis):
             full = b.shape
