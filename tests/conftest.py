@@ -58,18 +58,30 @@ SLOW_MODULES = frozenset({
     "test_gpu_model", "test_gpu_report", "test_multihost", "test_properties", "test_sharding",
     "test_tpu_compile",
 })
+# CI's tier runs these modules' every case: every entry point compiled for a TPU v5e and the
+# newer generations, without a TPU.
+EVERY_CASE_IN_CI = frozenset({"test_tpu_compile"})
+# and leaves these to the whole suite: the GPU report's quick run on CPU, which repeats what the
+# GPU compile and model tests check, in a form meant for a GPU.
+OUTSIDE_CI = frozenset({"test_gpu_report"})
 
 
 def pytest_collection_modifyitems(config, items):
-    """The fast tier (`-m "not slow"`) runs every test function once, with its first
-    parameters: once per module, class and name, so each backend's subclass of a family's
-    contract keeps a case of every test. The other parameters, the modules in SLOW_MODULES and
-    the `large` runs are marked `slow` and run in the full suite (CI)."""
+    """Three tiers. The fast tier (`-m "not slow"`) runs every test function once, with its
+    first parameters (once per module, class and name, so each backend's subclass of a
+    family's contract keeps a case of every test), outside SLOW_MODULES. CI's tier
+    (`-m "not exhaustive"`, the README's test command) adds the first case of every function
+    in SLOW_MODULES and every case of EVERY_CASE_IN_CI. The whole suite (`-m "not large"`)
+    runs every parameter; `large` marks the long property-based runs."""
     seen = set()
     for item in items:
-        function = (item.module.__name__, item.cls.__name__ if item.cls else None,
+        module = item.module.__name__
+        function = (module, item.cls.__name__ if item.cls else None,
                     getattr(item, "originalname", item.name))
-        if (item.module.__name__ in SLOW_MODULES or function in seen
-                or item.get_closest_marker("large") is not None):
-            item.add_marker(pytest.mark.slow)
+        first = function not in seen
         seen.add(function)
+        large = item.get_closest_marker("large") is not None
+        if module in SLOW_MODULES or not first or large:
+            item.add_marker(pytest.mark.slow)
+        if large or module in OUTSIDE_CI or not (first or module in EVERY_CASE_IN_CI):
+            item.add_marker(pytest.mark.exhaustive)
