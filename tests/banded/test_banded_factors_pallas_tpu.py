@@ -1,6 +1,7 @@
 """The banded factorization and factored-solve kernels, `_banded/pallas_tpu_factors.py`, in TPU
 interpret mode (TPU semantics on CPU, VMEM starting as NaNs), and the primitives that run them
-on a TPU (`_banded/primitive.py`) under vmap and reverse mode.
+on a TPU (`_banded/primitive.py`) under vmap and reverse mode, and `Banded.factor()` through
+the public API with those kernels preferred.
 
 The factors are XLA's (`_xla_banded.factor_pnq`, the same elimination step for step): they
 must agree with them, the pivots exactly. The solves, A x = b and A^T x = b from those
@@ -14,17 +15,20 @@ compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from banded_contract import problem, reference
+from banded_contract import dense, problem, reference
 
+import tridiax
 from tridiax._banded import pallas_tpu_factors as _tpu_factors
 from tridiax._banded import xla as _xla_banded
 from tridiax._banded.primitive import banded_factor_p, banded_factored_solve_p
+from tridiax._core import backend as _backend
 from tridiax._pallas import tpu as _tpu
 
 pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pallas TPU backend")
@@ -159,3 +163,50 @@ def test_factors_too_long_for_vmem_run_xla_loops(monkeypatch):
             np.asarray(x), np.asarray(_xla_banded.factored_solve_pnq(*want, b, transposed=transposed,
                                                                      out_dtype=np.float32)))
         assert np.max(_error(x, exact)) < 1e-3
+
+
+def test_an_operators_factorization_runs_the_kernels_through_the_public_api(monkeypatch):
+    """`Banded.factor()`, `.solve` and `.T.solve` as a user calls them, with the TPU kernels
+    preferred as on a TPU (here in Pallas's HLO interpreter), systems along axis 0: A x = b and
+    A^T x = b against dense solves, the gradient w.r.t. the bands and b against a dense solve's
+    in float64, and each kernel (the factorization, both factored solves) ran."""
+    l, u, kind, n, systems = 2, 1, "banded_pivoted", 40, 3
+    ab, b, clean = problem(l, u, kind, (1, n, systems), dtype=np.float32, seed=11)
+    ab, b, clean = np.nan_to_num(ab[:, 0]), b[0], clean[:, 0]  # (K, N, 3), (N, 3)
+    calls = collections.Counter()
+    for name in ("factor_pnq", "factored_solve_pnq"):
+        def counted(*args, _kernel=getattr(_tpu_factors, name), _name=name, **options):
+            calls[_name, options.get("transposed")] += 1
+            return _kernel(*args, **options)
+        monkeypatch.setattr(_tpu_factors, name, counted)
+    monkeypatch.setitem(_backend.PREFERENCE, "cpu", ("pallas_tpu_interpret", "xla"))
+
+    matrices = dense(np.moveaxis(clean, -1, 1), l, u)  # (3, N, N)
+    factors = jax.jit(lambda ab: tridiax.Banded(ab, (l, u), axis=0).factor())(jnp.asarray(ab))
+    for f, a in ((factors, matrices), (factors.T, np.swapaxes(matrices, 1, 2))):
+        x = np.asarray(jax.jit(lambda f, b: f.solve(b))(f, jnp.asarray(b)))
+        want = np.linalg.solve(a, b.T.astype(np.float64)[..., None])[..., 0].T
+        np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+    weights = np.random.default_rng(2).standard_normal((n, systems))
+
+    def loss(ab, b):
+        x = tridiax.Banded(ab, (l, u), axis=0).factor().solve(b)
+        return jnp.sum(weights.astype(np.float32) * x)
+
+    def dense_loss(ab, b):
+        i, j = np.indices((n, n))
+        k = u + i - j
+        inside = (k >= 0) & (k <= l + u)
+        a = jnp.zeros((systems, n, n), ab.dtype).at[:, inside].set(
+            jnp.moveaxis(ab, -1, 0)[:, k[inside], j[inside]])
+        return jnp.sum(weights.T * jnp.linalg.solve(a, b.T[..., None])[..., 0])
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(ab), jnp.asarray(b))
+    want = jax.grad(dense_loss, argnums=(0, 1))(jnp.asarray(clean), jnp.asarray(b, np.float64))
+    in_matrix = np.isfinite(problem(l, u, kind, (1, n, systems), dtype=np.float32, seed=11)[0][:, 0])
+    for g, w, where in zip(got, want, (in_matrix, np.ones(b.shape, bool)), strict=True):
+        g, w = np.asarray(g, np.float64), np.asarray(w)
+        np.testing.assert_allclose(g[where], w[where], rtol=1e-3, atol=1e-4 * np.abs(w).max())
+    assert calls["factor_pnq", None] >= 2
+    assert calls["factored_solve_pnq", False] >= 2 and calls["factored_solve_pnq", True] >= 2
