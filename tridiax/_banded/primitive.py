@@ -261,22 +261,26 @@ def _factored_jvp_term(tangents, x, **params):
 
 def _align_factored_batch(operands, dims, axis):
     """The vmapped dimension where b has it (or the first batch position), the factors'
-    after their stack axis; unbatched operands get a size-1 dimension there."""
+    after their stack axis; unbatched factors get a size-1 dimension there, which the kernels
+    broadcast, and an unbatched b is broadcast to the batch (the solution's shape is b's)."""
     u_rows, multipliers, pivots, b = operands
     u_dim, m_dim, p_dim, b_dim = dims
-    if b_dim is not None:
-        bdim = b_dim
-    else:
-        bdim = next(d - 1 for d in (u_dim, m_dim) if d is not None) if p_dim is None else p_dim
-        bdim = max(bdim, 0)
-        b = jnp.expand_dims(b, bdim)
 
     def place(x, d, lead):
         if d is None:
             return jnp.expand_dims(x, bdim + lead)
         return jnp.moveaxis(x, d, bdim + lead)
 
-    b = b if b_dim is None else place(b, b_dim, 0)
+    if b_dim is not None:
+        bdim = b_dim
+        b = place(b, b_dim, 0)
+    else:
+        bdim = next(d - 1 for d in (u_dim, m_dim) if d is not None) if p_dim is None else p_dim
+        bdim = max(bdim, 0)
+        size = next(x.shape[d] for x, d in zip(operands[:3], dims[:3], strict=True)
+                    if d is not None)
+        b = jnp.expand_dims(b, bdim)
+        b = jnp.broadcast_to(b, b.shape[:bdim] + (size,) + b.shape[bdim + 1:])
     moved = (place(u_rows, u_dim, 1), place(multipliers, m_dim, 1), place(pivots, p_dim, 0), b)
     return moved, bdim, axis + 1 if bdim <= axis else axis
 
