@@ -441,6 +441,12 @@ def _carry_tiles(l: int, u: int, kind: str, transposed: bool) -> int:
                _window.kept_columns(l, u, kind, transposed) - 1, 1)
 
 
+def _backward_carry_tiles(l: int, u: int, kept: int) -> int:
+    """Row tiles of the streamed back substitution's carry: the kept - 1 values below a row,
+    and the l + u rows of every work array that the lagging steps hold back."""
+    return max(kept - 1 + (l + u) * (kept + 1), 1)
+
+
 def _plan(P, N, Q, ab, b, out_dtype, *, l, u, kind, transposed, budget=None, streamed=False):
     """The geometry of a banded solve in `budget` bytes of VMEM (None: `_tpu.VMEM_BUDGET`).
     `ab` and `b` may be complex: each counts as its parts. `streamed`: the two kernels of a
@@ -461,16 +467,16 @@ def _plan(P, N, Q, ab, b, out_dtype, *, l, u, kind, transposed, budget=None, str
         H = _halo(g, l, u)
         inputs = [(op, ab_part.itemsize)] * (K * pa) + [(b_op, b_part.itemsize)] * pb
         if not streamed:
-            total = _tpu.vmem_need(g, inputs, stages=0, scratch_rows=px * ((kept + 1) * g.total_rows + carry),
-                                   outputs=[part.itemsize] * px)
+            total = _tpu.vmem_need(g, inputs, stages=0, scratch_rows=px * (kept + 1) * g.total_rows,
+                                   outputs=[part.itemsize] * px, carry_tiles=px * carry)
             return total + stages * (H + g.rows) * g.row_tile_bytes()
         work = (kept + 1) * px
         staged_work, staged_out = _tpu.staged(g, jnp.float32), _tpu.staged(g, part)
-        forward = _tpu.vmem_need(g, inputs, stages=work * staged_work, scratch_rows=px * carry,
-                                 outputs=[4] * work)
+        forward = _tpu.vmem_need(g, inputs, stages=work * staged_work, scratch_rows=0,
+                                 outputs=[4] * work, carry_tiles=px * carry)
         backward = _tpu.vmem_need(g, [(b_op, 4)] * work, stages=work * staged_work + px * staged_out,
-                                  scratch_rows=px * (kept - 1 + (l + u) * (kept + 1)),
-                                  outputs=[part.itemsize] * px)
+                                  scratch_rows=0, outputs=[part.itemsize] * px,
+                                  carry_tiles=px * _backward_carry_tiles(l, u, kept))
         return max(forward + stages * (H + g.rows) * g.row_tile_bytes(), backward)
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
@@ -598,7 +604,7 @@ def _streamed_solve(call, inputs, ab_parts, b_parts, stages, *, g, op, K, H, l, 
                         [_tpu.block_spec(g, rows, forward_chunk)] * work,
                         scratch + [stage] * (work * staged_work), steps=steps,
                         name=f"tridiax_{kind}_forward_tpu")
-    scratch = [vmem((max(kept - 1 + D * (kept + 1), 1) * px, *g.tile), jnp.float32)]
+    scratch = [vmem((_backward_carry_tiles(l, u, kept) * px, *g.tile), jnp.float32)]
     scratch += [stage] * (work * staged_work + px * staged_out)
     kernel = functools.partial(_streamed_backward, g=g, l=l, u=u, kind=kind, transposed=transposed,
                                px=px, steps=steps, staged_work=staged_work, staged_out=staged_out)

@@ -52,18 +52,6 @@ def _stages_of(g, op, count: int) -> int:
     return count if op.kind == "rows" and op.staged else 0
 
 
-# VMEM Mosaic allots beside the kernel's own buffers and scratch (internal scratch, counted in
-# the kernel's scoped VMEM by the compiler), planned for so that a plan at the budget stays
-# within it.
-_MOSAIC_SCRATCH = 64 << 10
-
-
-def _carry_bytes(tiles: int) -> int:
-    """VMEM bytes of a carry scratch of `tiles` row tiles (each padded to a whole (8, 128)
-    tile, whatever its sublanes) and of Mosaic's own scratch."""
-    return tiles * _tpu.SUBLANES * _tpu.LANES * 4 + _MOSAIC_SCRATCH
-
-
 def _prepare(g, stack, complex_: bool):
     """A (c, P|1, N, Q|1) stack as the kernel takes it: its parts, their `Operand`."""
     parts = _tpu.parts_of(stack, complex_ and jnp.iscomplexobj(stack))
@@ -132,9 +120,9 @@ def _factor_plan(P, N, Q, ab, out_dtype, *, l, u, kind, budget=None):
         op = _solve_kernels._band_operand(g, ab.shape[1:], ab_part)
         stages = K * pa if op.kind == "rows" else 0
         total = _tpu.vmem_need(g, [(op, ab_part.itemsize)] * (K * pa), stages=0,
-                               scratch_rows=arrays * g.total_rows, outputs=[4] * arrays)
-        return (total + stages * (_solve_kernels._halo(g, l, u) + g.rows) * g.row_tile_bytes()
-                + _carry_bytes(px * carry))
+                               scratch_rows=arrays * g.total_rows, outputs=[4] * arrays,
+                               carry_tiles=px * carry)
+        return total + stages * (_solve_kernels._halo(g, l, u) + g.rows) * g.row_tile_bytes()
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
@@ -393,7 +381,7 @@ def _solve_plan(P, N, Q, factors, b, out_dtype, *, budget=None):
         inputs += [(_tpu.Operand("rows", staged=True), b_item.itemsize)] * pb
         stages += pb * _tpu.staged(g, b_item)
         return _tpu.vmem_need(g, inputs, stages=stages, scratch_rows=px * g.total_rows,
-                              outputs=[part.itemsize] * px) + _carry_bytes(px * carry)
+                              outputs=[part.itemsize] * px, carry_tiles=px * carry)
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 

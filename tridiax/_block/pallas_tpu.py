@@ -499,7 +499,7 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget, st
             total += 2 * sum(work) + work[1]
         else:
             total += (k * k + k * m) * g.total_rows * g.row_tile_bytes()
-        return parts * (total + carried * g.row_tile_bytes())
+        return parts * total + _tpu.carry_bytes(g, carried * parts) + _tpu.MOSAIC_SCRATCH
 
     # the "lanes" layout whatever (P, Q) are; chunks down to 32 rows (large blocks take many
     # row tiles a row)

@@ -627,11 +627,24 @@ def call(kernel, g: Geometry, inputs, in_specs, out_shapes, out_specs, scratch, 
     )(*inputs)
 
 
-def vmem_need(g: Geometry, operands, *, stages: int, scratch_rows: int, outputs) -> int:
+# VMEM Mosaic allots beside a kernel's buffers and scratch (its internal scratch, which the
+# compiler counts in the kernel's scoped VMEM): every plan leaves room for it.
+MOSAIC_SCRATCH = 64 << 10
+
+
+def carry_bytes(g: Geometry, tiles: int) -> int:
+    """VMEM bytes of a carry scratch of `tiles` row tiles, (tiles, s, 128) float32: each row
+    tile pads to whole (8, 128) tiles, whatever its sublanes s."""
+    return tiles * _round_up(g.s, SUBLANES) * LANES * 4
+
+
+def vmem_need(g: Geometry, operands, *, stages: int, scratch_rows: int, outputs,
+              carry_tiles: int = 0) -> int:
     """VMEM bytes of a kernel: two buffers of every block (`operands`: (Operand, itemsize)
-    pairs; `outputs`: itemsizes of "rows" outputs), `stages` float32 stages of a chunk and
-    scratches of `scratch_rows` row tiles in all."""
-    total = 0
+    pairs; `outputs`: itemsizes of "rows" outputs), `stages` float32 stages of a chunk,
+    scratches of `scratch_rows` row tiles in all (stored as rows of (rows, s*128) arrays), a
+    carry of `carry_tiles` row tiles (`carry_bytes`) and Mosaic's own scratch."""
+    total = carry_bytes(g, carry_tiles) + MOSAIC_SCRATCH
     for op, itemsize in operands:
         if op.kind == "rows":
             total += 2 * g.block_bytes(itemsize)

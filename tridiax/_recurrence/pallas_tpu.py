@@ -209,7 +209,7 @@ def _plan(P, T, Q, operands, out_dtype, final_only, budget=None, *, linear=False
         staged += ph * (not final_only and _tpu.staged(g, out_part))
         tiles = [(_tpu.Operand("tile"), 4)] * ph  # h0
         return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands)] + tiles,
-                              stages=staged, scratch_rows=2 * ph,
+                              stages=staged, scratch_rows=0, carry_tiles=2 * ph,
                               outputs=[] if final_only else [out_part.itemsize] * ph)
 
     g = _tpu.geometry(P, T, Q, vmem_bytes=need, budget=budget)

@@ -625,10 +625,12 @@ def _streamed_solve(l, d, u, b, *, kind, transposed, out_dtype, budget, interpre
         forward = _tpu.vmem_need(
             g, [(op, v.dtype.itemsize) for op, v in zip(ops, operands, strict=True)] + [(tile, 4)] * (tiles * parts),
             stages=sum(op.kind == "rows" and op.staged for op in ops) + n_work * parts * staged_work,
-            scratch_rows=_streamed_carry_tiles(kind) * parts, outputs=[4] * (n_work * parts))
+            scratch_rows=0, outputs=[4] * (n_work * parts),
+            carry_tiles=_streamed_carry_tiles(kind) * parts)
         backward = _tpu.vmem_need(g, [(rows, 4)] * (n_work * parts) + [(tile, 4)] * (tiles * parts),
                                   stages=parts * (n_work * staged_work + staged_out),
-                                  scratch_rows=carried * parts, outputs=[part_dtype.itemsize] * parts)
+                                  scratch_rows=0, outputs=[part_dtype.itemsize] * parts,
+                                  carry_tiles=carried * parts)
         return max(forward, backward)
 
     g = _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget.budget)
@@ -690,8 +692,9 @@ def _plan(P, N, Q, operands, out_dtype, *, kind="thomas", budget=None):
         staged = parts * sum(op.kind == "rows" and op.staged for op in ops)
         sizes = [(op, dtype.itemsize) for op, dtype in zip(ops, dtypes, strict=True)] * parts
         return _tpu.vmem_need(g, sizes, stages=staged,
-                              scratch_rows=parts * (_WORK[kind] * g.total_rows + _carry_tiles(kind)),
-                              outputs=[out_part.itemsize] * parts)
+                              scratch_rows=parts * _WORK[kind] * g.total_rows,
+                              outputs=[out_part.itemsize] * parts,
+                              carry_tiles=parts * _carry_tiles(kind))
 
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget)
 
@@ -842,7 +845,8 @@ def factor_pnq(l, d, u, *, out_dtype, interpret=None):
         staged = sum(op.kind == "rows" and op.staged for op in ops)
         staged += 3 * _tpu.staged(g, out_dtype)
         return _tpu.vmem_need(g, [(op, v.dtype.itemsize) for op, v in zip(ops, bands, strict=True)],
-                              stages=staged, scratch_rows=2, outputs=[out_dtype.itemsize] * 3)
+                              stages=staged, scratch_rows=0, outputs=[out_dtype.itemsize] * 3,
+                              carry_tiles=2)
 
     g = _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget.budget)
     prepared = [_tpu.prepare(g, v) for v in bands]
