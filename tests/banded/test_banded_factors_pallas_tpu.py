@@ -7,9 +7,10 @@ The factors are XLA's (`_xla_banded.factor_pnq`, the same elimination step for s
 must agree with them, the pivots exactly. The solves, A x = b and A^T x = b from those
 factors, are held to scipy's solution of the same matrices, within the error of XLA's
 factored solve in the same dtype (the plain sweep). The cases cover every layout of the
-kernels ("sublanes" of two chunks, whose elimination reads the halo; "lanes"; "transposed"
-batch-first systems), one matrix for every system (SMEM scalars), bands with no sub- or
-super-diagonals, systems of 1, 2 and 3 rows, float32, bfloat16 and complex64. The kernels
+kernels, each over two chunks ("sublanes", whose elimination reads the halo; "lanes";
+"transposed" batch-first systems), one matrix for every system (its factors SMEM scalars to
+the solves), bands with no sub- or super-diagonals or neither (carries of no row tile),
+systems of 1, 2 and 3 rows, float32, bfloat16 and complex64. The kernels
 compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
 """
 
@@ -38,8 +39,12 @@ CASES = [
     (2, 1, "banded_pivoted", (3, 300, 5), None, np.float32),  # "sublanes", two chunks
     (1, 2, "banded", (2, 300, 130), None, np.float32),  # "lanes", two chunks
     (2, 2, "banded_pivoted", (129, 40, 1), None, np.float32),  # "transposed"
-    (2, 1, "banded_pivoted", (3, 300, 5), (1, 300, 1), np.float32),  # one matrix: SMEM
+    (2, 1, "banded_pivoted", (129, 300, 1), None, np.float32),  # "transposed", two chunks
+    # one matrix for every system: its factors are SMEM scalars to the factored solves
+    (2, 1, "banded_pivoted", (3, 300, 5), (1, 300, 1), np.float32),
     (0, 2, "banded", (3, 7, 5), None, np.float32),
+    (2, 0, "banded", (3, 33, 5), None, np.float32),  # U of one row: carries of no row tile
+    (0, 0, "banded", (3, 7, 5), None, np.float32),
     (3, 0, "banded_pivoted", (3, 33, 5), None, np.float32),
     (2, 2, "banded_pivoted", (2, 1, 5), None, np.float32),
     (2, 1, "banded_pivoted", (2, 2, 5), None, np.float32),

@@ -3,8 +3,9 @@
 The factors are `_xla_banded.factor_pnq`'s, in its layout (LAPACK's gbtrf, pivots interleaved):
 `u_rows` (kept, P, N, Q), row j of U with 1/pivot first; `multipliers` (lo, P, N, Q), the
 multiples of row j subtracted from rows j + 1..j + lo; `pivots` (P, N, Q) int32, the row
-j + pivots[j] swapped with row j before step j. Each kernel keeps one solution-sized scratch of
-every system in VMEM (`pallas_tpu.py`'s grouping into row tiles and chunks) and walks the grid
+j + pivots[j] swapped with row j before step j. Each kernel keeps solution-sized scratches of
+every system in VMEM (`pallas_tpu.py`'s grouping into row tiles and chunks: the factorization
+one per row of factors it records, a factored solve one for the solution) and walks the grid
 in phases, each a pass over the chunks, so that every input is read once and every output
 written once:
 
@@ -133,8 +134,13 @@ def factor_pnq(ab, *, l: int, u: int, kind: str, shape: tuple[int, int, int], ou
     bands in scipy's layout, `shape` (P, N, Q) the systems' (the factors' shape; the bands
     broadcast against it), kind "banded" or "banded_pivoted". Returns (u_rows (kept, P, N, Q),
     multipliers (l, P, N, Q), both of `out_dtype`, pivots (P, N, Q) int32). XLA's loop where
-    the factors do not fit VMEM (`_factor_plan`)."""
+    the factors do not fit VMEM (`_factor_plan`).
+
+    The factorization primitive passes an operator's own bands (`shape` is theirs): bands
+    broadcast against a larger `shape` are materialised first, so that the kernel reads every
+    operand as rows (the solve kernels' SMEM scalars and tiles are for shared factors)."""
     P, N, Q = shape
+    ab = jnp.broadcast_to(ab, (ab.shape[0], P, N, Q))
     out_dtype = jnp.dtype(out_dtype)
     _tpu.check_dtype(out_dtype)
     K = ab.shape[0]
@@ -166,8 +172,6 @@ def factor_pnq(ab, *, l: int, u: int, kind: str, shape: tuple[int, int, int], ou
     scratch.append(vmem((_solve_kernels._carry_tiles(l, u, kind, False) * px, *g.tile), jnp.float32))
     if op.kind == "rows":
         scratch += [vmem(_tpu.rows_shape(g, H + g.rows), jnp.float32)] * (K * len(ab_parts))
-    if op.kind == "scalar" and H:
-        scratch.append(_tpu.pltpu.SMEM((K * len(ab_parts), H), jnp.float32))
     kernel = functools.partial(_factor_kernel, g=g, op=op, K=K, l=l, u=u, kind=kind,
                                parts=(len(ab_parts), px), H=H)
     outs = list(_tpu.call(
