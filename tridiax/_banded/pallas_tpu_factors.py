@@ -48,7 +48,7 @@ def _stack_readers(g, op, refs, count: int, stages: list):
     return _tpu.part_readers(g, [op] * count, groups, stages)
 
 
-def _stages_of(g, op, count: int) -> int:
+def _stages_of(op, count: int) -> int:
     """Float32 stages the operands of a stack of `count` take (per part)."""
     return count if op.kind == "rows" and op.staged else 0
 
@@ -213,7 +213,7 @@ class _FactoredRefs:
         take = functools.partial(_solve_kernels._take, refs := list(refs))
         self.u, self.m, self.p, self.b, self.x, self.work = (take(n) for n in (pf, pm, pp, pb, px, px))
         self.carry = _tpu.CarryTiles(take(1)[0], px)
-        self.stages = [take(_stages_of(g, op, count) * n)
+        self.stages = [take(_stages_of(op, count) * n)
                        for op, count, n in zip(ops, (kept, lo, 1), (pf, pm, pp), strict=True)]
         self.b_stages = refs
         self.g, self.ops, self.kept, self.lo, self.px = g, ops, kept, lo, px
@@ -380,7 +380,7 @@ def _solve_plan(P, N, Q, factors, b, out_dtype, *, budget=None):
             item = _tpu.split_dtype(stack.dtype)[1]
             op = _tpu.operand(g, stack.shape[1:], item)
             inputs += [(op, item.itemsize)] * (stack.shape[0] * pf)
-            stages += _stages_of(g, op, stack.shape[0]) * pf
+            stages += _stages_of(op, stack.shape[0]) * pf
         b_item = _tpu.split_dtype(b.dtype)[1]
         inputs += [(_tpu.Operand("rows", staged=True), b_item.itemsize)] * pb
         stages += pb * _tpu.staged(g, b_item)
@@ -430,8 +430,8 @@ def factored_solve_pnq(u_rows, multipliers, pivots, b, *, transposed: bool, out_
     stage = vmem(_tpu.stage_shape(g), jnp.float32)
     scratch = [vmem(_tpu.rows_shape(g, g.total_rows), jnp.float32)] * px
     scratch.append(vmem((max(kept - 1, lo, 1) * px, *g.tile), jnp.float32))
-    scratch += [stage] * (_stages_of(g, u_op, kept) * len(u_parts) + _stages_of(g, m_op, lo) * len(m_parts)
-                          + _stages_of(g, p_op, 1) * len(p_parts))
+    scratch += [stage] * (_stages_of(u_op, kept) * len(u_parts) + _stages_of(m_op, lo) * len(m_parts)
+                          + _stages_of(p_op, 1) * len(p_parts))
     if transposed and _tpu.staged(g, b_parts[0].dtype):
         scratch += [stage] * len(b_parts)
     kernel = functools.partial(_transposed_solve_kernel if transposed else _solve_kernel, g=g,

@@ -44,7 +44,7 @@ from .._core import sharding as _sharding
 from .._core.dtypes import compute_dtype
 from .._core.jax_private import ShapedArray
 from .._core.primitive import PLATFORMS, VaryingPrimitive, def_jit_impl, solve_primitive
-from . import algebra
+from . import algebra, window
 
 
 def _full_shape(ab, b) -> tuple[int, ...]:
@@ -172,7 +172,7 @@ def _factor_abstract_eval(ab, *, l, u, axis, kind, backend):
     """The factors (`_xla_banded.factor_pnq`), in the dtype the elimination computes in."""
     del axis, backend
     shape, dtype = ab.shape[1:], compute_dtype(ab.dtype)
-    kept = l + u + 1 if kind == "banded_pivoted" else u + 1
+    kept = window.kept_columns(l, u, kind, False)
     return [ShapedArray((kept, *shape), dtype), ShapedArray((l, *shape), dtype),
             ShapedArray(shape, jnp.int32)]
 
