@@ -108,7 +108,7 @@ def _in_physical_order(solve, operands, leading, axis: int, shape, dtype, out_le
         x = x.reshape(x.shape[:lead] + (1,) * (rank + lead - x.ndim) + x.shape[lead:])
         return jnp.transpose(x, (*range(lead), *(d + lead for d in permutation)))
 
-    results = solve(*map(permuted, operands, leading, [order] * len(operands)),
+    results = solve(*(permuted(x, lead, order) for x, lead in zip(operands, leading, strict=True)),
                     order.index(axis))
     if isinstance(results, (list, tuple)):
         return [permuted(x, lead, inverse) for x, lead in zip(results, out_leading, strict=True)]
