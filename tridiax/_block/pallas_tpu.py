@@ -139,25 +139,31 @@ class Arrangement:
                              b))
 
 
-def arrangement(shape, dtype, r: int, c: int, *, swapped: bool) -> Arrangement:
+def arrangement(shape, dtype, r: int, c: int, *, swapped: bool,
+                column_axis: bool = False) -> Arrangement:
     """How the kernel takes a (p, n, q, r, c) operand (`swapped`: Q == 1 systems, p and q
     exchanged): in the order the TPU being lowered for stores it (a bitcast), where that is one
     of ROLES with the systems minor. Elsewhere as a TPU stores such arrays: an entry axis whose
     size is a power of two as the second-minor (its (size, 128) tiles do not pad), else the
-    rows ((8, 128) tiles of rows and systems)."""
-    entries = [d for d, size in ((3, r), (4, c)) if size > 1]
-    # The layout of the array as a user holds it: a vector right-hand side has no column axis.
-    query = tuple(shape[d] for d in (0, 1, 2, *entries))
+    rows ((8, 128) tiles of rows and systems). `column_axis`: the array as a user holds it
+    has its column axis also where c == 1 (a factorization's pivots)."""
+    # The layout of the array as a user holds it: no systems axis of size 1 (a TPU lays out
+    # (4096, 1000, 1, 3, 3) otherwise than (4096, 1000, 3, 3)), and a vector right-hand side
+    # has no column axis.
+    entries = [d for d, size in ((3, r), (4, c)) if size > 1 or (d == 4 and column_axis)]
+    dims = [d for d in (0, 1, 2) if shape[d] > 1 or d == 1] + entries
+    query = tuple(shape[d] for d in dims)
     minor_to_major = _tpu.default_minor_to_major(query, dtype)
     sizes = dict(zip("pnqrc", shape, strict=True))
     if swapped:
         sizes["p"], sizes["q"] = sizes["q"], sizes["p"]
-    candidates = [Arrangement(tuple(d for d in roles if d == "n" or sizes[d] > 1), r, c)
+    kept = ("n", "c") if column_axis else ("n",)  # a column axis of size 1 kept: a bitcast
+    candidates = [Arrangement(tuple(d for d in roles if d in kept or sizes[d] > 1), r, c)
                   for roles in ROLES]
     if minor_to_major is not None:
-        names = ("q", "n", "p") if swapped else ("p", "n", "q")
-        names += tuple("-rc"[d - 2] for d in entries)
-        stored = [names[d] for d in reversed(minor_to_major) if query[d] > 1]
+        system_names = ("q", "n", "p") if swapped else ("p", "n", "q")
+        names = tuple(system_names[d] if d < 3 else "-rc"[d - 2] for d in dims)
+        stored = [names[d] for d in reversed(minor_to_major) if query[d] > 1 or names[d] in kept]
         for candidate in candidates:
             order = ["p", *candidate.roles, "q"]
             if [d for d in order if d in stored] == stored:
@@ -470,6 +476,18 @@ def _block_bytes(g, how: Arrangement, dtype) -> int:
     return math.prod(major) * (-(-minor // tile) * tile) * g.s * _tpu.LANES * itemsize
 
 
+def _operand_bytes(g, shape, dtype, how: Arrangement, r: int, c: int) -> int:
+    """VMEM bytes of an input of r x c entries per row (`_tpu.operand`'s kind for its (p, n,
+    q) `shape`): two buffers of its block, and its float32 stage where staged."""
+    op = _tpu.operand(g, shape, dtype)
+    if op.kind == "rows":
+        stage = r * c * g.rows * g.row_tile_bytes() if _staged(how, dtype) else 0
+        return 2 * _block_bytes(g, how, dtype) + stage
+    if op.kind == "tile":
+        return 2 * r * c * g.row_tile_bytes()
+    return 2 * _tpu.SUBLANES * g.scalar_rows * r * c * 4
+
+
 def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget, streamed: bool = False):
     """The geometry of a solve of (P, N, Q) systems (the lanes view) in `budget` bytes of
     VMEM. `operands`: (shape (p, n, q), dtype, Arrangement) of the blocks and b. Complex
@@ -479,20 +497,9 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget, st
     parts, out_dtype = _tpu.split_dtype(out_dtype)
 
     def need(g):
-        total = 0
         columns = [k] * (len(operands) - 1) + [m]
-        for (shape, dtype, how), c in zip(operands, columns, strict=True):
-            r = k
-            dtype = jnp.float32 if parts == 2 else dtype
-            op = _tpu.operand(g, shape, dtype)
-            if op.kind == "rows":
-                total += 2 * _block_bytes(g, how, dtype)
-                if _staged(how, dtype):
-                    total += r * c * g.rows * g.row_tile_bytes()
-            elif op.kind == "tile":
-                total += 2 * r * c * g.row_tile_bytes()
-            else:
-                total += 2 * _tpu.SUBLANES * g.scalar_rows * r * c * 4
+        total = sum(_operand_bytes(g, shape, jnp.float32 if parts == 2 else dtype, how, k, c)
+                    for (shape, dtype, how), c in zip(operands, columns, strict=True))
         total += 2 * _block_bytes(g, operands[-1][2], out_dtype)
         if streamed:  # two buffers of E's and y's work blocks, x's stage
             work = [_block_bytes(g, work_arrangement(k, c), jnp.float32) for c in (k, m)]
