@@ -16,7 +16,6 @@ compiled for a TPU without one: tests/tpu/test_tpu_compile.py.
 
 from __future__ import annotations
 
-import collections
 import functools
 
 import jax
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from banded_contract import bands, dense, problem, reference
+from helpers import check_factor_primitives, count_factor_kernel_runs
 
 import tridiax
 from tridiax._banded import pallas_tpu_factors as _tpu_factors
@@ -147,51 +147,12 @@ def _factor_and_solve(backend, ab, b, *, axis=1):
     return factors, x, vjp(jnp.cos(x))[0]  # the cotangent: one transposed factored solve
 
 
-def _count_kernel_runs(monkeypatch):
-    """A Counter of the factor and factored-solve kernels' calls, by name and `transposed`,
-    that launched a Pallas kernel (rather than falling back to XLA's loops)."""
-    runs, launched, call = collections.Counter(), [], _tpu.call
-
-    def counted_call(*args, **options):
-        launched.append(options["name"])
-        return call(*args, **options)
-
-    monkeypatch.setattr(_tpu, "call", counted_call)
-    for name in ("factor_pnq", "factored_solve_pnq"):
-        def counted(*args, _kernel=getattr(_tpu_factors, name), _name=name, **options):
-            before = len(launched)
-            out = _kernel(*args, **options)
-            if len(launched) > before:
-                runs[_name, options.get("transposed")] += 1
-            return out
-
-        monkeypatch.setattr(_tpu_factors, name, counted)
-    return runs
-
-
 def test_primitives_run_the_kernels_under_reverse_mode_and_vmap(monkeypatch):
-    """The primitives on the interpreted TPU backend: factors, solve and its cotangent (the
-    transposed kernel) equal XLA's, and each kernel ran; under vmap (a leading batch dimension
-    of the bands and of b, of the bands alone, of b alone) each system's the same as
-    unbatched."""
-    runs = _count_kernel_runs(monkeypatch)
+    """The primitives on the interpreted TPU backend, with a cotangent and under vmap
+    (`check_factor_primitives`)."""
+    runs = count_factor_kernel_runs(monkeypatch, _tpu_factors)
     ab, b = _problem()
-    backend = "pallas_tpu_interpret"
-    got, want = _factor_and_solve(backend, ab, b), _factor_and_solve("xla", ab, b)
-    assert runs == {("factor_pnq", None): 1, ("factored_solve_pnq", False): 1,
-                    ("factored_solve_pnq", True): 1}
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
-    stacked_ab, stacked_b = jnp.stack([ab, 2 * ab]), jnp.stack([b, -b])
-    for in_axes in ((0, 0), (0, None), (None, 0)):
-        batched = jax.vmap(functools.partial(_factor_and_solve, backend), in_axes)(
-            stacked_ab if in_axes[0] == 0 else ab, stacked_b if in_axes[1] == 0 else b)
-        for n in range(2):
-            one = _factor_and_solve(backend, stacked_ab[n] if in_axes[0] == 0 else ab,
-                                    stacked_b[n] if in_axes[1] == 0 else b)
-            for g, w in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
-                g = g[n] if g.ndim > w.ndim else g  # factors of unbatched bands stay unbatched
-                np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+    check_factor_primitives(_factor_and_solve, ab, b, runs)
 
 
 def test_factors_too_long_for_vmem_run_xla_loops(monkeypatch):
@@ -230,7 +191,7 @@ def test_an_operators_factorization_runs_the_kernels_through_the_public_api(monk
     l, u, kind, n, systems = 2, 1, "banded_pivoted", 40, 3
     ab, b, clean = problem(l, u, kind, (1, n, systems), dtype=np.float32, seed=11)
     ab, b, clean = np.nan_to_num(ab[:, 0]), b[0], clean[:, 0]  # (K, N, 3), (N, 3)
-    runs = _count_kernel_runs(monkeypatch)
+    runs = count_factor_kernel_runs(monkeypatch, _tpu_factors)
     monkeypatch.setitem(_backend.PREFERENCE, "cpu", ("pallas_tpu_interpret", "xla"))
 
     matrices = dense(np.moveaxis(clean, -1, 1), l, u)  # (3, N, N)

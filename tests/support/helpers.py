@@ -389,3 +389,56 @@ def assert_within_condition(got, want, dtype, cond, *, axes, factor):
     worst = np.unravel_index(np.argmax(err / bound), err.shape)
     assert np.all(err <= bound), (f"system {worst}: error {err[worst]:.3g} > {bound[worst]:.3g} "
                                   f"(cond {np.broadcast_to(cond, err.shape)[worst]:.3g})")
+
+
+def count_factor_kernel_runs(monkeypatch, factors):
+    """A Counter of the calls of a family's factor and factored-solve kernels (`factors`: its
+    `pallas_tpu_factors` module), by name and `transposed`, that launched a Pallas kernel
+    (rather than falling back to XLA's loops)."""
+    import collections
+
+    from tridiax._pallas import tpu as _tpu
+
+    runs, launched, call = collections.Counter(), [], _tpu.call
+
+    def counted_call(*args, **options):
+        launched.append(options["name"])
+        return call(*args, **options)
+
+    monkeypatch.setattr(_tpu, "call", counted_call)
+    for name in ("factor_pnq", "factored_solve_pnq"):
+        def counted(*args, _kernel=getattr(factors, name), _name=name, **options):
+            before = len(launched)
+            out = _kernel(*args, **options)
+            if len(launched) > before:
+                runs[_name, options.get("transposed")] += 1
+            return out
+
+        monkeypatch.setattr(factors, name, counted)
+    return runs
+
+
+def check_factor_primitives(factor_and_solve, matrix, b, runs):
+    """A family's factorization primitives on the interpreted TPU backend:
+    `factor_and_solve(backend, matrix, b)` (the factors, a factored solve and its cotangent)
+    equals XLA's, each kernel ran once (`runs`: `count_factor_kernel_runs`'s counter); under
+    vmap (a leading batch dimension of the matrix, a pytree of arrays, and of b; of the matrix
+    alone; of b alone) each system's result is the unbatched one."""
+    backend = "pallas_tpu_interpret"
+    got, want = factor_and_solve(backend, matrix, b), factor_and_solve("xla", matrix, b)
+    assert runs == {("factor_pnq", None): 1, ("factored_solve_pnq", False): 1,
+                    ("factored_solve_pnq", True): 1}
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+    stacked_matrix = jax.tree.map(lambda x: jnp.stack([x, 2 * x]), matrix)
+    stacked_b = jnp.stack([b, -b])
+    for in_axes in ((0, 0), (0, None), (None, 0)):
+        batched = jax.vmap(functools.partial(factor_and_solve, backend), in_axes)(
+            stacked_matrix if in_axes[0] == 0 else matrix, stacked_b if in_axes[1] == 0 else b)
+        for n in range(2):
+            one = factor_and_solve(
+                backend, jax.tree.map(lambda x: x[n], stacked_matrix) if in_axes[0] == 0 else matrix,
+                stacked_b[n] if in_axes[1] == 0 else b)
+            for g, w in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
+                g = g[n] if g.ndim > w.ndim else g  # factors of an unbatched matrix stay unbatched
+                np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)

@@ -31,11 +31,8 @@ TPU both run the Pallas kernels of `pallas_tpu_factors.py`; elsewhere XLA's loop
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
-from jax.interpreters import batching
 
 from .._core import backend as _backend
 from .._core import layout as _layout
@@ -43,7 +40,7 @@ from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.dtypes import compute_dtype
 from .._core.jax_private import ShapedArray
-from .._core.primitive import PLATFORMS, VaryingPrimitive, def_jit_impl, solve_primitive
+from .._core.primitive import factor_primitive, solve_primitive
 from . import algebra, window
 
 
@@ -153,21 +150,6 @@ banded_solve_p = solve_primitive(
 # other platform as XLA's loops (`xla.py`), with sharded batch dimensions kept sharded.
 
 
-def _factor_kernels(backend: str):
-    """(factor, factored solve) of `backend`: the Pallas TPU kernels (interpreted by Pallas's
-    HLO interpreter for "pallas_tpu_interpret", as the other TPU kernels' backend is), else
-    XLA's loops, which every backend's banded factorization runs."""
-    from . import xla as _xla
-
-    if backend not in _planner.TPU_BACKENDS:
-        return _xla.factor_pnq, _xla.factored_solve_pnq
-    from . import pallas_tpu_factors as _tpu_factors
-
-    interpret = True if backend == "pallas_tpu_interpret" else None
-    return (functools.partial(_tpu_factors.factor_pnq, interpret=interpret),
-            functools.partial(_tpu_factors.factored_solve_pnq, interpret=interpret))
-
-
 def _factor_abstract_eval(ab, *, l, u, axis, kind, backend):
     """The factors (`_xla_banded.factor_pnq`), in the dtype the elimination computes in."""
     del axis, backend
@@ -180,7 +162,7 @@ def _factor_abstract_eval(ab, *, l, u, axis, kind, backend):
 def _factor_lowering(platform: str):
     def factor(ab, *, l, u, axis, kind, backend):
         backend = backend or _backend.default_backend(platform, ab.dtype, op="banded")
-        kernel = _factor_kernels(backend)[0]
+        kernel = _backend.factorization_kernels(backend, "_banded")[0]
         outs = _factor_abstract_eval(ab, l=l, u=u, axis=axis, kind=kind, backend=backend)
 
         def factor_ordered(ab, axis):
@@ -202,22 +184,14 @@ def _factor_lowering(platform: str):
     return factor
 
 
-banded_factor_p = VaryingPrimitive("tridiax_banded_factor")
-banded_factor_p.multiple_results = True
-def_jit_impl(banded_factor_p)
-banded_factor_p.def_abstract_eval(_factor_abstract_eval)
-for _platform in PLATFORMS:
-    _sharding.register_lowering(banded_factor_p, _factor_lowering(_platform), _platform,
-                                multiple_results=True)
-
-
-def _factor_batch(operands, dims, *, axis, **params):
+def _align_factor_batch(operands, dims, axis):
     (ab,), (dim,) = operands, dims
     ab = jnp.moveaxis(ab, dim, 1)  # one more batch dimension, first of the systems'
-    return banded_factor_p.bind(ab, axis=axis + 1, **params), [1, 1, 0]
+    return [ab], [1, 1, 0], axis + 1
 
 
-batching.primitive_batchers[banded_factor_p] = _factor_batch
+banded_factor_p = factor_primitive("tridiax_banded_factor", abstract_eval=_factor_abstract_eval,
+                                   lowering=_factor_lowering, align_batch=_align_factor_batch)
 
 
 def _factored_abstract_eval(u_rows, multipliers, pivots, b, *, axis, transposed, backend):
@@ -228,7 +202,7 @@ def _factored_abstract_eval(u_rows, multipliers, pivots, b, *, axis, transposed,
 def _factored_lowering(platform: str):
     def solve(u_rows, multipliers, pivots, b, *, axis, transposed, backend):
         backend = backend or _backend.default_backend(platform, b.dtype, op="banded")
-        kernel = _factor_kernels(backend)[1]
+        kernel = _backend.factorization_kernels(backend, "_banded")[1]
 
         def local(u_rows, multipliers, pivots, b):
             operands = (u_rows, multipliers, pivots, b)

@@ -37,6 +37,7 @@ reason.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -276,6 +277,20 @@ def _ignoring_tiling(fn):
         return fn(*args, **kwargs)
 
     return call
+
+
+def factorization_kernels(backend: str, family: str):
+    """(factor_pnq, factored_solve_pnq) of a family's factorizations ("_banded", "_block"):
+    its Pallas TPU kernels (`pallas_tpu_factors`) on the TPU backends, interpreted by Pallas's
+    HLO interpreter for "pallas_tpu_interpret", as the other TPU kernels' backend is; else
+    XLA's loops (`xla`), which every other backend's factorizations run."""
+    if backend not in _planner.TPU_BACKENDS:
+        module = importlib.import_module(f"tridiax.{family}.xla")
+        return module.factor_pnq, module.factored_solve_pnq
+    module = importlib.import_module(f"tridiax.{family}.pallas_tpu_factors")
+    interpret = True if backend == "pallas_tpu_interpret" else None
+    return (functools.partial(module.factor_pnq, interpret=interpret),
+            functools.partial(module.factored_solve_pnq, interpret=interpret))
 
 
 def kernels(backend: str) -> Kernels:

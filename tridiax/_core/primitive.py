@@ -63,6 +63,28 @@ def def_jit_impl(primitive: Primitive) -> None:
     primitive.def_impl(lambda *operands, **params: compiled(**params)(*operands))
 
 
+def factor_primitive(name: str, *, abstract_eval: Callable,
+                     lowering: Callable[[str], Callable], align_batch: Callable) -> Primitive:
+    """A JAX primitive computing a factorization (several results, constants to
+    differentiation), with its eager implementation, abstract evaluation, lowering on every
+    platform and batching rule: `align_batch(operands, dims, axis)` gives the operands with
+    their vmapped dimensions in place, each result's batch dimension and the shifted `axis`."""
+    primitive = VaryingPrimitive(name)
+    primitive.multiple_results = True
+    def_jit_impl(primitive)
+    primitive.def_abstract_eval(abstract_eval)
+    for platform in PLATFORMS:
+        _sharding.register_lowering(primitive, lowering(platform), platform,
+                                    multiple_results=True)
+
+    def batch(operands: Sequence, dims: Sequence, *, axis: int, **params):
+        moved, out_dims, axis = align_batch(operands, dims, axis)
+        return primitive.bind(*moved, axis=axis, **params), out_dims
+
+    batching.primitive_batchers[primitive] = batch
+    return primitive
+
+
 def solve_primitive(name: str, *, solves: str, abstract_eval: Callable,
                     lowering: Callable[[str], Callable], jvp_term: Callable,
                     align_batch: Callable) -> Primitive:
