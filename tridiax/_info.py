@@ -147,9 +147,9 @@ def _report() -> str:
             lines.append("  bfloat16 and float16 run the Pallas TPU kernels too (eliminated in float32); "
                          "complex64 too (as float32 parts) but for IndRNN activations; "
                          "float64, complex128 and blocks larger than "
-                         f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT} run XLA's loops, "
-                         "as does BlockTridiagonal.factor() (on every platform); Banded.factor() "
-                         "and its solves run Pallas TPU kernels while the factors fit VMEM")
+                         f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT} run XLA's loops; "
+                         "Banded.factor(), BlockTridiagonal.factor() and their solves run Pallas "
+                         "TPU kernels while what they keep fits VMEM")
         if platform == "cuda":
             lines.append(f"  and plain solves of at most {_planner.GPU_LIBRARY_SYSTEMS} systems of at "
                          f"least {_planner.GPU_MIN_ROWS} rows: cuSPARSE gtsv2 (no backend= given)")

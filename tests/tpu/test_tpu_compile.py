@@ -132,6 +132,23 @@ def _banded_factors(factorization):
     return factorization.u_rows, factorization.multipliers, factorization.pivots
 
 
+def _block_factors(factorization):
+    return factorization.lu, factorization.pivots, factorization.e
+
+
+def _block_factorization(axis, lower, lu, pivots, e, b):
+    """A block factorization from its factors, the operator's diagonal and upper blocks stood
+    in for by lu and e (of their shape: only a gradient reads them)."""
+    return tridiax.BlockTridiagonalFactorization(tridiax.BlockTridiagonal(lower, lu, e, axis=axis),
+                                                 _factors=(lu, pivots, e))
+
+
+def _block_factor_specs(shape, k):
+    """lower, lu, pivots, e and a vector right-hand side of systems of `shape`."""
+    blocks = ((*shape, k, k), "float32")
+    return [blocks, blocks, ((*shape, k, 1), "int32"), blocks, ((*shape, k), "float32")]
+
+
 def _banded_factorization(ab, multipliers, pivots):
     """The factorization of Banded(ab, (2, 2)) along axis 0 with pivoting, from its factors:
     U's five kept rows are ab's shape, so ab stands in for them."""
@@ -271,6 +288,20 @@ ENTRY_POINTS = {
     # (complex64 split by XLA, as above)
     "solveh-block-batch-first-k3-bf16": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=-1),
                                          _block_specs((4096, 1000), 3, "bfloat16")[1:], 1, "program"),
+    # a block factorization writing lu, the pivots and E in one pass; then solves with given
+    # factors (the operator's diagonal and upper blocks, which only the gradient reads, stood
+    # in for by lu and e: the floor counts each array once)
+    "block-factor-f32": (lambda l, d, u: _block_factors(tridiax.BlockTridiagonal(l, d, u, axis=0).factor()),
+                         _block_specs((1000, 4096), 2, "float32")[:3], 1, "program"),
+    "block-factor-batch-first-k3-bf16": (
+        lambda l, d, u: _block_factors(tridiax.BlockTridiagonal(l, d, u, axis=-1).factor(pivoting=False)),
+        _block_specs((4096, 1000), 3, "bfloat16")[:3], 1, "program"),
+    "block-factored-solve-f32": (lambda *a: _block_factorization(0, *a).solve(a[-1]),
+                                 _block_factor_specs((1000, 4096), 2), 1, "program"),
+    "block-factored-solve-transposed-f32": (lambda *a: _block_factorization(0, *a).T.solve(a[-1]),
+                                            _block_factor_specs((1000, 4096), 2), 1, "program"),
+    "block-factored-solve-batch-first-k3-f32": (lambda *a: _block_factorization(-1, *a).solve(a[-1]),
+                                                _block_factor_specs((4096, 1000), 3), 1, "program"),
     "block-complex64": (_block(0), _block_specs((1000, 4096), 2, "complex64"), 1, "kernels"),
     "solveh-block-complex64-k3": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=1),
                                   _block_specs((4, 1000, 512), 3, "complex64")[1:], 1, "kernels"),
@@ -432,7 +463,8 @@ def test_other_generations(topology):
     operands once (its program: 0.6-1.13x its floor, printed, one array from the limit on v5p)."""
     _require_harness()
     names = ("solve-batch-first-f32", "solve-middle-axis-bf16", "grad-recurrence-f32", "block-middle-axis-k3-f32",
-             "banded-factor-f32", "banded-factored-solve-transposed-f32")
+             "banded-factor-f32", "banded-factored-solve-transposed-f32", "block-factor-f32",
+             "block-factored-solve-transposed-f32")
     reports = _reports(topology, names)
     for name, report in reports.items():
         if not report.error:

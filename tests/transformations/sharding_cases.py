@@ -175,13 +175,16 @@ def test_batch_sharded_banded_solves_move_nothing(mesh, shape, axis, spec, grad)
         np.testing.assert_array_equal(np.asarray(out), np.asarray(solve(ab, b)))
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["solve", "grad"])
+@pytest.mark.parametrize("how", ["solve", "grad", "factored"])
 @pytest.mark.parametrize("mesh,shape,axis,spec", BATCH_CASES)
-def test_batch_sharded_block_solves_move_nothing(mesh, shape, axis, spec, grad):
+def test_batch_sharded_block_solves_move_nothing(mesh, shape, axis, spec, how):
     mesh = mesh_of(mesh)
     operands = block_case(shape, axis, seed=12)
+    grad = how == "grad"
 
     def solve(lower, diag, upper, b):
+        if how == "factored":  # the factorization and its solve, each a primitive
+            return tridiax.BlockTridiagonal(lower, diag, upper, axis=axis).factor().solve(b)
         return tridiax.solve_block_tridiagonal(lower, diag, upper, b, axis=axis)
 
     f = (lambda *a: jax.vjp(solve, *a)[1](a[3])) if grad else solve

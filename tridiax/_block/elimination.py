@@ -123,3 +123,66 @@ def product(A, B):
     """A B for lists of rows of values (summed in the order of `_xla_block._mm`)."""
     return [[sum((row[s] * B[s][j] for s in range(1, len(B))), row[0] * B[0][j])
              for j in range(len(B[0]))] for row in A]
+
+
+# LAPACK's getrf layout of S's elimination, as `_xla_block.factor_pnq` stores it: row r holds
+# the multipliers of columns c < r (each moved by the swaps of the columns after c), 1/pivot at
+# column r and U's row r right of it; the pivot rows separately. The factored solves below
+# replay it as `_xla_block._lu_solve` and `_lu_solve_transposed` do, operation for operation.
+
+
+def getrf(e: Elimination):
+    """`e` in getrf's layout: (k lists of k values, the k pivot rows as float tiles; a column
+    without pivoting gets its own row number)."""
+    k = len(e.upper)
+    rows = [[None] * k for _ in range(k)]
+    for c in range(k):
+        rows[c][c:] = list(e.upper[c])
+        for r, f in zip(range(c + 1, k), e.multipliers[c], strict=True):
+            rows[r][c] = f
+    for c in range(1, k):  # the swaps after column c' move the multipliers left of it
+        if e.pivots[c] is not None:
+            left = _swap_rows([row[:c] for row in rows[c:]], e.pivots[c], c)
+            for row, moved in zip(rows[c:], left, strict=True):
+                row[:c] = moved
+    like = e.upper[0][0]
+    pivots = [jnp.zeros(like.shape, jnp.float32) + c if p is None else p
+              for c, p in enumerate(e.pivots)]
+    return rows, pivots
+
+
+def solve_getrf(lu, pivots, R):
+    """S^-1 R from S's factors in getrf's layout (`lu`: k lists of k values, `pivots`: k
+    float tiles of row numbers) and R (k lists of w values): the swaps in order, then L's
+    forward and U's back substitution."""
+    k = len(R)
+    rows = [list(r) for r in R]
+    for c in range(k):
+        rows[c:] = _swap_rows(rows[c:], pivots[c], c)
+    for c in range(k):
+        for s in range(c + 1, k):
+            rows[s] = [a - lu[s][c] * h for a, h in zip(rows[s], rows[c], strict=True)]
+    for c in reversed(range(k)):
+        total = rows[c]
+        for s in range(c + 1, k):
+            total = [a - lu[c][s] * h for a, h in zip(total, rows[s], strict=True)]
+        rows[c] = [a * lu[c][c] for a in total]
+    return rows
+
+
+def solve_getrf_transposed(lu, pivots, R):
+    """S^-T R (the plain transpose) from the factors `solve_getrf` takes: U^T's forward
+    substitution, L^T's back substitution, then the swaps in reverse order."""
+    k = len(R)
+    rows = [list(r) for r in R]
+    for c in range(k):
+        total = rows[c]
+        for s in range(c):
+            total = [a - lu[s][c] * h for a, h in zip(total, rows[s], strict=True)]
+        rows[c] = [a * lu[c][c] for a in total]
+    for c in reversed(range(k)):
+        for s in range(c + 1, k):
+            rows[c] = [a - lu[s][c] * h for a, h in zip(rows[c], rows[s], strict=True)]
+    for c in reversed(range(k)):
+        rows[c:] = _swap_rows(rows[c:], pivots[c], c)
+    return rows

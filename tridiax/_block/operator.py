@@ -19,12 +19,10 @@ from jax.typing import ArrayLike
 from .._core import along_axis as _along
 from .._core import dispatch as _dispatch
 from .._core import not_lineax as _not_lineax
-from .._core.dtypes import compute_dtype
 from .._core.inputs import read, signature
 from . import algebra
-from . import xla as _xla_block
 from .api import block_size, read_rhs, solve
-from .primitive import to_pnq_blocks
+from .primitive import block_factor_p, block_factored_solve_p
 
 
 class BlockTridiagonal(eqx.Module):
@@ -180,7 +178,8 @@ class BlockTridiagonalFactorization(eqx.Module):
     partial pivoting inside the block, or without), for solving many right-hand sides:
     `A.factor().solve(rhs)` equals `A.solve(rhs)`; `.T` solves with A^T.
 
-    Computed by the XLA formulation on every platform (`_block/xla.py`, `factor_pnq`).
+    Computed by Pallas kernels on a TPU (`_block/pallas_tpu_factors.py`), by the XLA
+    formulation elsewhere (`_block/xla.py`, `factor_pnq`): the same factors, in its layout.
     Differentiable w.r.t. the operator's blocks and the right-hand side (implicitly, through
     `lax.custom_linear_solve`: one factored solve per derivative).
     """
@@ -206,13 +205,12 @@ class BlockTridiagonalFactorization(eqx.Module):
         op = operator
         systems = op._systems()
         axis = len(systems) + op.axis
-        dtype = compute_dtype(jnp.result_type(op.lower, op.diag, op.upper))
-        blocks = [to_pnq_blocks(lax.stop_gradient(b).reshape(
-            (1,) * (len(systems) + 2 - b.ndim) + b.shape), axis, systems)
-            for b in (op.lower, op.diag, op.upper)]
+        dtype = jnp.result_type(op.lower, op.diag, op.upper)
+        blocks = [lax.stop_gradient(b).astype(dtype).reshape(
+            (1,) * (len(systems) + 2 - b.ndim) + b.shape) for b in (op.lower, op.diag, op.upper)]
         kind = "block_pivoted" if pivoting else "block"
-        factors = _xla_block.factor_pnq(*blocks, kind=kind, out_dtype=dtype)
-        self.lu, self.pivots, self.e = (f.reshape(systems + f.shape[-2:]) for f in factors)
+        self.lu, self.pivots, self.e = block_factor_p.bind(*blocks, axis=axis, kind=kind,
+                                                           backend=None)
 
     @property
     def T(self) -> BlockTridiagonalFactorization:
@@ -233,23 +231,18 @@ class BlockTridiagonalFactorization(eqx.Module):
         full = (1,) * (ndim - len(full)) + full
         axis = ndim + op.axis
 
-        def view(x):  # (…, r, c) as (P|1, N|1, Q|1, r, c) against the full systems shape
-            x = x.reshape((1,) * (ndim + 2 - x.ndim) + x.shape)
-            return to_pnq_blocks(x, axis, full)
-
-        lu, pivots, e = view(self.lu), view(self.pivots), view(self.e)
-        lower = view(op.lower.astype(dtype))
         blocks = [b_.astype(dtype).reshape((1,) * (ndim + 2 - b_.ndim) + b_.shape)
                   for b_ in (op.lower, op.diag, op.upper)]
+        factors = [f.astype(f.dtype if f.dtype == jnp.int32 else dtype).reshape(
+            (1,) * (ndim + 2 - f.ndim) + f.shape)
+            for f in (self.lu, self.pivots, self.e, lax.stop_gradient(blocks[0]))]
         b = jnp.broadcast_to(b.astype(dtype).reshape((1,) * (ndim + 2 - b.ndim) + b.shape),
                              full + b.shape[-2:])
 
         def factored(transposed):
             def run(v):
-                out = _xla_block.factored_solve_pnq(
-                    lu, pivots, e, lax.stop_gradient(lower), to_pnq_blocks(v, axis, full),
-                    transposed=transposed, out_dtype=dtype)
-                return out.reshape(v.shape)
+                return block_factored_solve_p.bind(*factors, v, axis=axis, transposed=transposed,
+                                                   backend=None)
             return run
 
         def matvec(v):
