@@ -1,5 +1,6 @@
 """The Pallas Mosaic TPU banded kernel, `_banded/pallas_tpu.py`, in TPU interpret mode (TPU
-semantics on CPU, VMEM starting as NaNs).
+semantics on CPU, VMEM starting as NaNs) and, for systems longer than TPU_SEMANTICS_ROWS, in
+Pallas's HLO interpreter.
 
 `TestPallasTpuInterpret` runs the banded kernel contract (banded_contract.py) on it in
 float32, half precision and complex64 (the TPU kernels' dtypes), against scipy.linalg.solve_banded and the
@@ -38,8 +39,20 @@ pytestmark = pytest.mark.skipif(not _tpu.available(), reason="this JAX has no Pa
 BANDS = [(0, 0), (1, 1), (2, 2), (3, 1), (0, 3), (2, 0)]
 
 
-# The kernel in TPU interpret mode.
-tpu_solve = compiled(_tpu_banded.solve_pnq, interpret=_tpu.interpret_params())
+# The kernel in TPU interpret mode (TPU semantics: DMAs, VMEM starting as NaNs), which costs a
+# host callback per load and store (a system of 300 rows takes half a minute), and in Pallas's
+# HLO interpreter (the same kernel as an XLA program for the CPU: a compile of a few seconds).
+# The contract's systems longer than TPU_SEMANTICS_ROWS run in the latter;
+# test_several_chunks_with_tpu_semantics keeps systems of several chunks (the halo) in the
+# former.
+TPU_SEMANTICS_ROWS = 64
+tpu_semantics_solve = compiled(_tpu_banded.solve_pnq, interpret=_tpu.interpret_params())
+hlo_solve = compiled(_tpu_banded.solve_pnq, interpret=True)
+
+
+def tpu_solve(ab, b, **options):
+    solve = tpu_semantics_solve if b.shape[1] <= TPU_SEMANTICS_ROWS else hlo_solve
+    return solve(ab, b, **options)
 
 
 class TestPallasTpuInterpret(BandedKernelContract):
@@ -50,16 +63,16 @@ class TestPallasTpuInterpret(BandedKernelContract):
                 for m, kind in enumerate(KINDS)]
                + [(l, u, kind, n, t) for l, u in [(2, 2), (3, 1)] for n, kind, t in SHORT])
     TWIN_SYSTEMS = SYSTEMS[::3]
-    # Each layout: "sublanes" of two chunks (the halo; a shared matrix in SMEM), "lanes" and
+    # Each layout: "sublanes" of several chunks (the halo; a shared matrix in SMEM), "lanes" and
     # "transposed" (batch-first systems), every broadcast of the bands.
     LAYOUTS = [(2, 1, "banded_pivoted", True, (13, 300, 5), np.float32),
                (1, 2, "banded", False, (2, 40, 1030), np.float32),
                (3, 1, "banded_hermitian", True, (129, 40, 1), np.float32)]
-    # and complex64 as float32 parts, two chunks: the halo of staged bands and of SMEM
+    # and complex64 as float32 parts, several chunks: the halo of staged bands and of SMEM
     # scalars, each part's
     TWIN_LAYOUTS = LAYOUTS[:1] + [(2, 1, "banded_pivoted", False, (9, 300, 3), np.complex64)]
     TWIN_BROADCASTS = ("1N1", "PN1")
-    # Half precision, with "lanes" of two chunks, and a wide band (8, 8).
+    # Half precision, with "lanes" of several chunks, and a wide band (8, 8).
     DTYPES = [(2, 2, "banded_pivoted", True, (1, 300, 1030), jnp.bfloat16),
               (1, 1, "banded", False, (3, 33, 19), np.float16),
               (8, 8, "banded_pivoted", False, (3, 40, 19), np.float32),
@@ -105,13 +118,25 @@ def test_vmem_plan_narrows_the_row_tile_and_falls_back_for_long_systems(monkeypa
                                transposed=False)
     assert narrow is not None and narrow.s < wide.s
     check(np.asarray(_tpu_banded.solve_pnq(jnp.asarray(ab), jnp.asarray(b), **options,
-                                           interpret=_tpu.interpret_params())), clean, b, l, u, False)
+                                           interpret=True)), clean, b, l, u, False)
     monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 16)
     assert not _tpu_banded.fits(ab.shape, 1, 260, 1024, np.float32, l=l, u=u, kind=kind)
     assert _tpu_banded._plan(1, 260, 1024, ab, b, np.float32, l=l, u=u, kind=kind, transposed=False,
                              streamed=True) is None
     check(np.asarray(_tpu_banded.solve_pnq(jnp.asarray(ab), jnp.asarray(b), **options)), clean, b,
           l, u, False)
+
+
+@pytest.mark.parametrize("ab_shape", [None, (1, 300, 1)], ids=["staged-bands", "one-matrix"])
+def test_several_chunks_with_tpu_semantics(ab_shape):
+    """Systems of several chunks in TPU interpret mode, each step of a chunk after the first
+    reading the previous chunk's rows from the halo: of the bands' float32 stages, or of the SMEM scalars
+    of a matrix shared by every system; against scipy."""
+    l, u, kind = 2, 1, "banded_pivoted"
+    ab, b, clean = problem(l, u, kind, (13, 300, 5), ab_shape, dtype=np.float32, seed=4)
+    assert _tpu_banded._plan(13, 300, 5, jnp.asarray(ab), jnp.asarray(b), np.float32, l=l, u=u,
+                             kind=kind, transposed=True).chunks > 1
+    check(tpu_semantics_solve(ab, b, l=l, u=u, kind=kind, transposed=True), clean, b, l, u, True)
 
 
 # (l, u, kind, (P, N, Q), ab's shape (None: full), dtype, transposed, stored): chunks of 128
