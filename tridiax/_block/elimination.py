@@ -140,7 +140,7 @@ def getrf(e: Elimination):
         rows[c][c:] = list(e.upper[c])
         for r, f in zip(range(c + 1, k), e.multipliers[c], strict=True):
             rows[r][c] = f
-    for c in range(1, k):  # the swaps after column c' move the multipliers left of it
+    for c in range(1, k):  # column c's swap moves the multipliers of the columns before it
         if e.pivots[c] is not None:
             left = _swap_rows([row[:c] for row in rows[c:]], e.pivots[c], c)
             for row, moved in zip(rows[c:], left, strict=True):

@@ -11,7 +11,8 @@ in the arrangement a TPU stores it in, batch-first systems swapped onto lanes) a
 - `factor_pnq`: one pass over the chunks. Row i eliminates S = D[i] - L[i] E[i-1]
   (`elimination.eliminate`) and applies it to U[i] (zero at the last row) for E[i], which the
   carry takes to row i + 1; S's factors (in getrf's layout) and E[i] are written at row i. No
-  scratch but the carry: systems of any length run.
+  scratch but the carry, so its VMEM does not grow with N: chunks of 16 rows and more, of any
+  count. (Where not even such a chunk of one row tile fits, XLA's loop runs.)
 - `factored_solve_pnq`, A x = b: y[i] = S[i]^-1 (b[i] - L[i] y[i-1]) forward, reading lu,
   pivots, lower and b, into a VMEM scratch of the whole system; then x[i] = y[i] - E[i] x[i+1],
   last chunk first, reading e.
@@ -34,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from .._core.dtypes import compute_dtype
 from .._core.split_complex import select
 from .._pallas import tpu as _tpu
 from . import pallas_tpu as _kernels
@@ -120,7 +122,7 @@ def _column(values):
     return [row[0] for row in values]
 
 
-def _unview(g, x, how, swapped, n):
+def _unview(x, how, swapped, n):
     x = how.unview(x, n)
     return _kernels._swap(x) if swapped else x
 
@@ -176,11 +178,12 @@ def _factor_kernel(*refs, g, inputs, ops, staged, outs, k, kind):
 
 def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
     """`_xla_block.factor_pnq` as a Pallas TPU kernel: the factors (lu, pivots, e) of the
-    (P|1, N|1, Q|1, k, k) blocks' systems, as (P, N, Q, ...) arrays of `out_dtype` (pivots
-    int32). `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True)."""
+    (P|1, N|1, Q|1, k, k) blocks' systems, as (P, N, Q, ...) arrays of `out_dtype`'s compute
+    dtype (float32 for half precision; pivots int32). `interpret`: Pallas's interpret mode
+    (`pltpu.InterpretParams`, or True)."""
     if kind not in _xla.KINDS:
         raise ValueError(f"kind must be one of {_xla.KINDS}, got {kind!r}")
-    out_dtype = jnp.dtype(out_dtype)
+    out_dtype = compute_dtype(out_dtype)  # the factors of half precision are float32, as XLA's
     _tpu.check_dtype(out_dtype)
     k = diag.shape[-1]
     P, N, Q = (max(x.shape[d] for x in (lower, diag, upper)) for d in range(3))
@@ -200,10 +203,12 @@ def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
         return (_input_bytes(g, inputs) + _outputs_bytes(g, outs)
                 + _tpu.carry_bytes(g, k * k * parts) + _tpu.MOSAIC_SCRATCH)
 
+    # chunks down to 16 rows: nothing but the carry spans them (a pivots' block pads its column
+    # axis of size 1 to 8 sublanes, so large blocks need short chunks)
     Pv, Qv = (Q, P) if swapped else (P, Q)
     g = _tpu.geometry(Pv, N, Qv, vmem_bytes=need, budget=_tpu.vmem().budget, layout="lanes",
-                      chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(4)))
-    if g is None:
+                      chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(5)))
+    if g is None:  # not even one row tile of 16 rows fits
         return _xla.factor_pnq(lower, diag, upper, kind=kind, out_dtype=out_dtype)
     arrays, ops, staged = _passed(g, inputs)
 
@@ -226,7 +231,7 @@ def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
     lu, pivots, e = (results[:parts], results[parts:parts + 1], results[parts + 1:])
     out = []
     for values, (how, _, _) in zip((lu, pivots, e), outs, strict=True):
-        values = [_unview(g, v, how, swapped, N) for v in values]
+        values = [_unview(v, how, swapped, N) for v in values]
         out.append(jax.lax.complex(*values) if len(values) == 2 else values[0])
     return tuple(out)
 
@@ -398,5 +403,5 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
                   [_kernels._spec(g, _tpu.Operand("rows"), chunk_backward, out_how, k * m)] * parts,
                   scratch, steps=2 * C, name=f"tridiax_block_factored_{name}solve_tpu",
                   vmem_limit=_tpu.vmem().limit, interpret=interpret)
-    x = [_unview(g, part, out_how, swapped, N) for part in x]
+    x = [_unview(part, out_how, swapped, N) for part in x]
     return jax.lax.complex(*x) if parts == 2 else x[0]
