@@ -148,8 +148,8 @@ def _report() -> str:
                          "complex64 too (as float32 parts) but for IndRNN activations; "
                          "float64, complex128 and blocks larger than "
                          f"{_backend.TPU_BLOCK_LIMIT} x {_backend.TPU_BLOCK_LIMIT} run XLA's loops; "
-                         "Banded.factor(), BlockTridiagonal.factor() and their solves run Pallas "
-                         "TPU kernels while what they keep fits VMEM")
+                         "Banded.factor() and its solves run Pallas TPU kernels while the factors "
+                         "fit VMEM, BlockTridiagonal.factor() and its solves at any length")
         if platform == "cuda":
             lines.append(f"  and plain solves of at most {_planner.GPU_LIBRARY_SYSTEMS} systems of at "
                          f"least {_planner.GPU_MIN_ROWS} rows: cuSPARSE gtsv2 (no backend= given)")

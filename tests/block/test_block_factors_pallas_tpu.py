@@ -164,32 +164,39 @@ def test_primitives_run_the_kernels_under_reverse_mode_and_vmap(monkeypatch):
     check_factor_primitives(_factor_and_solve, blocks, b, runs)
 
 
-def test_factored_solves_too_long_for_vmem_run_xla_loops(monkeypatch):
-    """The factorization keeps no system in VMEM: its VMEM does not grow with N. A factored solve
-    keeps y (z) of every system: where no row tile holds it, it runs XLA's loop, with the same
-    results; under a budget too small for a row tile even the factorization does."""
-    runs = count_factor_kernel_runs(monkeypatch, _tpu_factors)
-    kind, shape, k = "block_pivoted", (1, 4000, 128), 2
-    (lower, diag, upper, b), clean = problem(kind, shape, k, dtype=np.float32, seed=5)
+def test_factored_solves_too_long_for_vmem_stream_y(monkeypatch):
+    """The factorization keeps no system in VMEM: its VMEM does not grow with N. A factored
+    solve keeps y (z) of every system: where no row tile holds it, two kernels run, y going
+    through HBM, with XLA's results (batch-first systems, three chunks); under a budget too
+    small even for those and for the factorization, XLA's loops run, with the same results."""
+    launched, call = [], _tpu.call
+
+    def counted_call(*args, **options):
+        launched.append(options["name"])
+        return call(*args, **options)
+
+    monkeypatch.setattr(_tpu, "call", counted_call)
+    kind, shape, k, m = "block", (130, 300, 1), 3, 2
+    (lower, diag, upper, b), clean = problem(kind, shape, k, m, dtype=np.float32, seed=5)
     lower, diag, upper, b = (jnp.asarray(x) for x in (lower, diag, upper, b))
     want = _xla_block.factor_pnq(lower, diag, upper, kind=kind, out_dtype=np.float32)
-    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 4 << 20)
-    factors = _tpu_factors.factor_pnq(lower, diag, upper, kind=kind, out_dtype=np.float32,
-                                      interpret=True)
-    for g, w in zip(factors, want, strict=True):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-    for transposed in (False, True):
-        x = _tpu_factors.factored_solve_pnq(*factors, lower, b, transposed=transposed,
-                                            out_dtype=np.float32, interpret=True)
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(_xla_block.factored_solve_pnq(
-            *want, lower, b, transposed=transposed, out_dtype=np.float32)))
-        assert residual(clean, np.asarray(b), np.asarray(x), transposed) < 1e-4
-    assert runs == {("factor_pnq", None): 1}
-    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 1 << 20)
-    factors = _tpu_factors.factor_pnq(lower, diag, upper, kind=kind, out_dtype=np.float32)
-    for g, w in zip(factors, want, strict=True):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-    assert runs == {("factor_pnq", None): 1}
+    for budget, factor_kernels, kernels in ((3 << 20, 1, ("forward", "backward")),
+                                            (1 << 19, 0, ())):
+        monkeypatch.setattr(_tpu, "VMEM_BUDGET", budget)
+        launched.clear()
+        factors = _tpu_factors.factor_pnq(lower, diag, upper, kind=kind, out_dtype=np.float32,
+                                          interpret=True)
+        assert len(launched) == factor_kernels
+        for g, w in zip(factors, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        for transposed in (False, True):
+            launched.clear()
+            x = _tpu_factors.factored_solve_pnq(*factors, lower, b, transposed=transposed,
+                                                out_dtype=np.float32, interpret=True)
+            assert tuple(name.split("_")[-2] for name in launched) == kernels
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(_xla_block.factored_solve_pnq(
+                *want, lower, b, transposed=transposed, out_dtype=np.float32)))
+            assert residual(clean, np.asarray(b), np.asarray(x), transposed) < 1e-4
 
 
 def test_an_operators_factorization_runs_the_kernels_through_the_public_api(monkeypatch):

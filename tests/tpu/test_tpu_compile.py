@@ -302,6 +302,9 @@ ENTRY_POINTS = {
                                             _block_factor_specs((1000, 4096), 2), 1, "program"),
     "block-factored-solve-batch-first-k3-f32": (lambda *a: _block_factorization(-1, *a).solve(a[-1]),
                                                 _block_factor_specs((4096, 1000), 3), 1, "program"),
+    # too long for VMEM: y streamed through HBM between two kernels (one float32 work array)
+    "block-factored-solve-longer-than-vmem-f32": (lambda *a: _block_factorization(0, *a).T.solve(a[-1]),
+                                                  _block_factor_specs((100000, 1024), 2), 2, ("streamed", 1)),
     "block-complex64": (_block(0), _block_specs((1000, 4096), 2, "complex64"), 1, "kernels"),
     "solveh-block-complex64-k3": (lambda l, d, b: tridiax.solveh_block_tridiagonal(l, d, b, axis=1),
                                   _block_specs((4, 1000, 512), 3, "complex64")[1:], 1, "kernels"),

@@ -22,7 +22,10 @@ in the arrangement a TPU stores it in, batch-first systems swapped onto lanes) a
 
 A factored solve is one pallas_call of 2C steps (C chunks forward, then back), so that each
 input is read once (those of the backward pass wait at their last chunk) and x written once.
-Systems whose scratch does not fit VMEM run XLA's loops (`_xla_block.factored_solve_pnq`).
+Systems whose scratch does not fit VMEM run the same sweeps in two kernels, y (z) written to
+a float32 work array in HBM by the forward one and read by the backward one, last chunk first
+(`_streamed_forward_kernel`, `_streamed_backward_kernel`); XLA's loops run where not even
+their chunks fit (`_xla_block.factored_solve_pnq`).
 Complex64 runs as float32 parts; the pivots are real.
 """
 
@@ -240,6 +243,80 @@ def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
 # The factored solves.
 
 
+def _sweep(g, carry, operands, j, row, *, carried: int, offset, reverse: bool):
+    """`row(start, offset, i, values)` over chunk j's rows (`reverse`: last first), from a zero
+    carry at the first chunk swept; `operands`' stages filled first; `offset`: the chunk's
+    first row in the y (z) rows `row` stores and loads."""
+    for operand in operands:
+        if operand.stages is not None:
+            operand.stage_in()
+
+    @pl.when(j == (g.chunks - 1 if reverse else 0))
+    def _():
+        carry.store([jnp.zeros(g.tile, jnp.float32)] * carried)
+
+    def run(count):
+        carry.store(_tpu.loop(count, functools.partial(row, j * g.chunk, offset),
+                              tuple(carry.load(carried)), reverse=reverse))
+
+    _tpu.over_rows(g, j, run)
+
+
+def _forward_row(forward_inputs, ys, *, k, m, transposed):
+    """The forward sweep's row: y[i] = S[i]^-1 (b[i] - L[i] y[i-1]), or z[i] = b[i] -
+    E[i-1]^T z[i-1] when `transposed`, stored in `ys`."""
+    if transposed:
+        e, b = forward_inputs
+
+        def row(start, offset, i, values):
+            z_prev = _kernels._unflatten(values[:k * m], k, m)
+            e_prev = _kernels._unflatten(values[k * m:], k, k)
+            coupling = _masked(start + i == 0, product(_kernels._transpose(e_prev), z_prev))
+            z = _kernels._subtract(b.load(i), coupling)
+            ys.store(offset + i, z)
+            return (*_kernels._flat(z), *_kernels._flat(e.load(i)))
+        return row
+
+    lu, pivots, lower, b = forward_inputs
+
+    def row(start, offset, i, values):
+        sub = _masked(start + i == 0, lower.load(i))
+        t = _kernels._subtract(b.load(i), product(sub, _kernels._unflatten(values, k, m)))
+        y = solve_getrf(lu.load(i), _column(pivots.load(i)), t)
+        ys.store(offset + i, y)
+        return tuple(_kernels._flat(y))
+    return row
+
+
+def _backward_row(g, backward_inputs, ys, store_x, *, k, m, transposed):
+    """The backward sweep's row: x[i] = y[i] - E[i] x[i+1], or x[i] = S[i]^-T (z[i] -
+    L[i+1]^T x[i+1]) when `transposed` (L[i] carried to row i - 1), written by
+    `store_x(offset, i, x)`."""
+    if transposed:
+        lu, pivots, lower = backward_inputs
+
+        def row(start, offset, i, values):
+            x_next = _kernels._unflatten(values[:k * m], k, m)
+            l_next = _kernels._unflatten(values[k * m:], k, k)
+            coupling = _masked(start + i == g.N - 1,
+                               product(_kernels._transpose(l_next), x_next))
+            w = _kernels._subtract(ys.load(offset + i), coupling)
+            x = solve_getrf_transposed(lu.load(i), _column(pivots.load(i)), w)
+            store_x(offset, i, x)
+            return (*_kernels._flat(x), *_kernels._flat(lower.load(i)))
+        return row
+
+    (e,) = backward_inputs
+
+    def row(start, offset, i, values):
+        coupling = _masked(start + i == g.N - 1,
+                           product(e.load(i), _kernels._unflatten(values, k, m)))
+        x = _kernels._subtract(ys.load(offset + i), coupling)
+        store_x(offset, i, x)
+        return tuple(_kernels._flat(x))
+    return row
+
+
 def _solve_kernel(*refs, g, inputs, ops, staged, forward_count, out_how, k, m, parts,
                   transposed):
     """Refs: the blocks of the forward pass's inputs, then the backward pass's (each part; see
@@ -254,92 +331,72 @@ def _solve_kernel(*refs, g, inputs, ops, staged, forward_count, out_how, k, m, p
     entries = _entries(g, inputs, ops, staged, in_refs, stages)
     forward_inputs, backward_inputs = entries[:forward_count], entries[forward_count:]
     ys = _kernels._Scratch(g, y_refs, k, m)
-    carry = _kernels._Carry(carry_ref, parts)
+    sweep = functools.partial(_sweep, g, _kernels._Carry(carry_ref, parts),
+                              carried=k * m + (k * k if transposed else 0))
     C = g.chunks
     step = pl.program_id(2)
-    carried = k * m + (k * k if transposed else 0)
-
-    def sweep(operands, j, row, *, reverse):
-        for operand in operands:
-            if operand.stages is not None:
-                operand.stage_in()
-
-        @pl.when(j == (C - 1 if reverse else 0))
-        def _():
-            carry.store([jnp.zeros(g.tile, jnp.float32)] * carried)
-
-        def run(count):
-            carry.store(_tpu.loop(count, functools.partial(row, j * g.chunk, j * g.rows),
-                                  tuple(carry.load(carried)), reverse=reverse))
-
-        _tpu.over_rows(g, j, run)
 
     @pl.when(step < C)
     def _():
-        if transposed:
-            e, b = forward_inputs
-
-            def row(start, offset, i, values):  # z[i] = b[i] - E[i-1]^T z[i-1]
-                z_prev = _kernels._unflatten(values[:k * m], k, m)
-                e_prev = _kernels._unflatten(values[k * m:], k, k)
-                coupling = _masked(start + i == 0, product(_kernels._transpose(e_prev), z_prev))
-                z = _kernels._subtract(b.load(i), coupling)
-                ys.store(offset + i, z)
-                return (*_kernels._flat(z), *_kernels._flat(e.load(i)))
-        else:
-            lu, pivots, lower, b = forward_inputs
-
-            def row(start, offset, i, values):  # y[i] = S[i]^-1 (b[i] - L[i] y[i-1])
-                sub = _masked(start + i == 0, lower.load(i))
-                t = _kernels._subtract(b.load(i), product(sub, _kernels._unflatten(values, k, m)))
-                y = solve_getrf(lu.load(i), _column(pivots.load(i)), t)
-                ys.store(offset + i, y)
-                return tuple(_kernels._flat(y))
-
-        sweep(forward_inputs, step, row, reverse=False)
+        row = _forward_row(forward_inputs, ys, k=k, m=m, transposed=transposed)
+        sweep(forward_inputs, step, row, offset=step * g.rows, reverse=False)
 
     @pl.when(step >= C)
     def _():
         in_place = out_how.rows_minor and x_refs[0].dtype.itemsize < 4  # x through y's scratch
-
-        def store_in_place(offset, i, x):
-            ys.store(offset + i, x)
+        write_x = _kernels._entry_writer(x_refs, out_how, parts)
 
         def store_x(offset, i, x):
             if in_place:
-                store_in_place(offset, i, x)
+                ys.store(offset + i, x)
             else:
-                _kernels._entry_writer(x_refs, out_how, parts)(i, x)
-
-        if transposed:
-            lu, pivots, lower = backward_inputs
-
-            def row(start, offset, i, values):  # x[i] = S[i]^-T (z[i] - L[i+1]^T x[i+1])
-                x_next = _kernels._unflatten(values[:k * m], k, m)
-                l_next = _kernels._unflatten(values[k * m:], k, k)
-                coupling = _masked(start + i == g.N - 1,
-                                   product(_kernels._transpose(l_next), x_next))
-                w = _kernels._subtract(ys.load(offset + i), coupling)
-                x = solve_getrf_transposed(lu.load(i), _column(pivots.load(i)), w)
-                store_x(offset, i, x)
-                return (*_kernels._flat(x), *_kernels._flat(lower.load(i)))
-        else:
-            (e,) = backward_inputs
-
-            def row(start, offset, i, values):  # x[i] = y[i] - E[i] x[i+1]
-                coupling = _masked(start + i == g.N - 1,
-                                   product(e.load(i), _kernels._unflatten(values, k, m)))
-                x = _kernels._subtract(ys.load(offset + i), coupling)
-                store_x(offset, i, x)
-                return tuple(_kernels._flat(x))
+                write_x(i, x)
 
         j = 2 * C - 1 - step
-        sweep(backward_inputs, j, row, reverse=True)
+        row = _backward_row(g, backward_inputs, ys, store_x, k=k, m=m, transposed=transposed)
+        sweep(backward_inputs, j, row, offset=j * g.rows, reverse=True)
         if in_place:
             for a in range(k):
                 for b in range(m):
                     x_refs[0][out_how.index(None, a, b)] = ys.chunk(
                         a * m + b, j * g.rows).astype(x_refs[0].dtype)
+
+
+def _streamed_forward_kernel(*refs, g, inputs, ops, staged, k, m, parts, transposed):
+    """The forward sweep of systems too long for VMEM: y (z) written to float32 work blocks.
+    Refs: the forward pass's inputs' blocks, y's work blocks, the carry, the stages of staged
+    inputs (each part)."""
+    refs = list(refs)
+    n_in = sum(x.parts for x in inputs)
+    in_refs = refs[:n_in]
+    y_refs = refs[n_in:n_in + parts]
+    carry_ref, *stages = refs[n_in + parts:]
+    forward_inputs = _entries(g, inputs, ops, staged, in_refs, stages)
+    ys = _kernels._WorkBlocks(g, y_refs, k, m)
+    row = _forward_row(forward_inputs, ys, k=k, m=m, transposed=transposed)
+    _sweep(g, _kernels._Carry(carry_ref, parts), forward_inputs, pl.program_id(2), row,
+           carried=k * m + (k * k if transposed else 0), offset=0, reverse=False)
+
+
+def _streamed_backward_kernel(*refs, g, inputs, ops, staged, out_how, k, m, parts,
+                              transposed):
+    """The backward sweep of systems too long for VMEM, last chunk first, from y's (z's) work
+    blocks. Refs: those blocks, the backward pass's inputs' blocks, x's blocks, the carry, the
+    stages of staged inputs (each part)."""
+    refs = list(refs)
+    y_refs = refs[:parts]
+    n_in = sum(x.parts for x in inputs)
+    in_refs = refs[parts:parts + n_in]
+    x_refs = refs[parts + n_in:2 * parts + n_in]
+    carry_ref, *stages = refs[2 * parts + n_in:]
+    backward_inputs = _entries(g, inputs, ops, staged, in_refs, stages)
+    ys = _kernels._WorkBlocks(g, y_refs, k, m)
+    write_x = _kernels._entry_writer(x_refs, out_how, parts)
+    row = _backward_row(g, backward_inputs, ys, lambda offset, i, x: write_x(i, x), k=k, m=m,
+                        transposed=transposed)
+    _sweep(g, _kernels._Carry(carry_ref, parts), backward_inputs,
+           g.chunks - 1 - pl.program_id(2), row, carried=k * m + (k * k if transposed else 0),
+           offset=0, reverse=True)
 
 
 def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
@@ -373,14 +430,62 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
                 + parts * k * m * g.total_rows * g.row_tile_bytes()
                 + _tpu.carry_bytes(g, carried * parts) + _tpu.MOSAIC_SCRATCH)
 
+    work_how = _kernels.work_arrangement(k, m)
+
+    def streamed_need(g):  # both kernels' buffers, y's (z's) work blocks in place of its scratch
+        work = _kernels._block_bytes(g, work_how, jnp.float32)
+        return (_input_bytes(g, inputs) + _outputs_bytes(g, [(out_how, part_dtype, parts)])
+                + 4 * parts * work + 2 * _tpu.carry_bytes(g, carried * parts)
+                + _tpu.MOSAIC_SCRATCH)
+
     Pv, Qv = (Q, P) if swapped else (P, Q)
-    g = _tpu.geometry(Pv, N, Qv, vmem_bytes=need, budget=_tpu.vmem().budget, layout="lanes",
-                      chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(4)))
+    plan = functools.partial(_tpu.geometry, Pv, N, Qv, budget=_tpu.vmem().budget, layout="lanes",
+                             chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(4)))
+    g, streamed = plan(vmem_bytes=need), False
+    # Too long for VMEM: two kernels, y (z) through HBM; not for a 16-bit x with rows minor,
+    # which the backward kernel would have to stage (a packed row cannot be stored at a
+    # dynamic index): no public call asks for one (the factors are float32).
+    if g is None and not (out_how.rows_minor and jnp.dtype(part_dtype).itemsize < 4):
+        g, streamed = plan(vmem_bytes=streamed_need), True
     if g is None:
         return _xla.factored_solve_pnq(lu, pivots, e, lower, b, transposed=transposed,
                                        out_dtype=out_dtype)
     arrays, ops, staged = _passed(g, inputs)
     C = g.chunks
+    name = "transposed_" if transposed else ""
+    out_shape = jax.ShapeDtypeStruct((Pv, *out_how.sizes(N), Qv), part_dtype)
+    call = functools.partial(_tpu.call, vmem_limit=_tpu.vmem().limit, interpret=interpret)
+    carry = _tpu.pltpu.VMEM((carried * parts, *g.tile), jnp.float32)
+    if streamed:
+        n_forward = sum(x.parts for x in inputs[:forward_count])
+        work_shape = jax.ShapeDtypeStruct((Pv, *work_how.sizes(N), Qv), jnp.float32)
+        common = dict(g=g, k=k, m=m, parts=parts, transposed=transposed)
+
+        def forward(s):
+            return s
+
+        def backward(s):
+            return C - 1 - s
+
+        groups = [(inputs[:forward_count], ops[:forward_count], staged[:forward_count]),
+                  (inputs[forward_count:], ops[forward_count:], staged[forward_count:])]
+        (f_in, f_ops, f_staged), (b_in, b_ops, b_staged) = groups
+        y = call(functools.partial(_streamed_forward_kernel, inputs=f_in, ops=f_ops,
+                                   staged=f_staged, **common),
+                 g, arrays[:n_forward], _specs(g, f_in, f_ops, forward), [work_shape] * parts,
+                 [work_how.spec(g, True, forward)] * parts,
+                 [carry, *_stage_shapes(g, f_in, f_staged)], steps=C,
+                 name=f"tridiax_block_factored_{name}forward_tpu")
+        x = call(functools.partial(_streamed_backward_kernel, inputs=b_in, ops=b_ops,
+                                   staged=b_staged, out_how=out_how, **common),
+                 g, [*y, *arrays[n_forward:]],
+                 [work_how.spec(g, True, backward)] * parts + _specs(g, b_in, b_ops, backward),
+                 [out_shape] * parts,
+                 [_kernels._spec(g, _tpu.Operand("rows"), backward, out_how, k * m)] * parts,
+                 [carry, *_stage_shapes(g, b_in, b_staged)], steps=C,
+                 name=f"tridiax_block_factored_{name}backward_tpu")
+        x = [_unview(part, out_how, swapped, N) for part in x]
+        return jax.lax.complex(*x) if parts == 2 else x[0]
 
     def chunk_forward(s):
         return jnp.minimum(s, C - 1)
@@ -392,16 +497,12 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
                 + _specs(g, inputs[forward_count:], ops[forward_count:], chunk_backward))
     lanes = g.s * _tpu.LANES
     scratch = [_tpu.pltpu.VMEM((k * m * g.total_rows, lanes), jnp.float32)] * parts
-    scratch += [_tpu.pltpu.VMEM((carried * parts, *g.tile), jnp.float32),
-                *_stage_shapes(g, inputs, staged)]
-    out_shape = jax.ShapeDtypeStruct((Pv, *out_how.sizes(N), Qv), part_dtype)
+    scratch += [carry, *_stage_shapes(g, inputs, staged)]
     kernel = functools.partial(_solve_kernel, g=g, inputs=inputs, ops=ops, staged=staged,
                                forward_count=forward_count, out_how=out_how, k=k, m=m,
                                parts=parts, transposed=transposed)
-    name = "transposed_" if transposed else ""
-    x = _tpu.call(kernel, g, arrays, in_specs, [out_shape] * parts,
-                  [_kernels._spec(g, _tpu.Operand("rows"), chunk_backward, out_how, k * m)] * parts,
-                  scratch, steps=2 * C, name=f"tridiax_block_factored_{name}solve_tpu",
-                  vmem_limit=_tpu.vmem().limit, interpret=interpret)
+    x = call(kernel, g, arrays, in_specs, [out_shape] * parts,
+             [_kernels._spec(g, _tpu.Operand("rows"), chunk_backward, out_how, k * m)] * parts,
+             scratch, steps=2 * C, name=f"tridiax_block_factored_{name}solve_tpu")
     x = [_unview(part, out_how, swapped, N) for part in x]
     return jax.lax.complex(*x) if parts == 2 else x[0]
