@@ -233,16 +233,17 @@ class BlockTridiagonalFactorization(eqx.Module):
 
         blocks = [b_.astype(dtype).reshape((1,) * (ndim + 2 - b_.ndim) + b_.shape)
                   for b_ in (op.lower, op.diag, op.upper)]
-        factors = [f.astype(f.dtype if f.dtype == jnp.int32 else dtype).reshape(
-            (1,) * (ndim + 2 - f.ndim) + f.shape)
-            for f in (self.lu, self.pivots, self.e, lax.stop_gradient(blocks[0]))]
+        # the factors and the lower blocks, the factored solve's operands besides b
+        operands = [f.astype(f.dtype if f.dtype == jnp.int32 else dtype).reshape(
+            (1,) * (ndim + 2 - f.ndim) + f.shape) for f in (self.lu, self.pivots, self.e)]
+        operands.append(lax.stop_gradient(blocks[0]))
         b = jnp.broadcast_to(b.astype(dtype).reshape((1,) * (ndim + 2 - b.ndim) + b.shape),
                              full + b.shape[-2:])
 
         def factored(transposed):
             def run(v):
-                return block_factored_solve_p.bind(*factors, v, axis=axis, transposed=transposed,
-                                                   backend=None)
+                return block_factored_solve_p.bind(*operands, v, axis=axis,
+                                                   transposed=transposed, backend=None)
             return run
 
         def matvec(v):

@@ -643,8 +643,14 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype, 
         x = call(kernel, g, inputs, in_specs, [out_shape] * parts,
                  [_spec(g, rows, chunk_out, arranged[-1], k * m)] * parts, scratch + stages,
                  steps=2 * C, name=f"tridiax_{kind}_tpu")
-    x = [arranged[-1].unview(part, N) for part in x]
-    x = jax.lax.complex(*x) if complex_ else x[0]
+    return joined(x, arranged[-1], N, swapped)
+
+
+def joined(parts, how: Arrangement, n: int, swapped: bool):
+    """A kernel's result, its parts (complex values' real and imaginary parts, or one real
+    array) arranged by `how`, as one (P, N, Q, r, c) array (batch-first systems swapped back)."""
+    x = [how.unview(part, n) for part in parts]
+    x = jax.lax.complex(*x) if len(x) == 2 else x[0]
     return _swap(x) if swapped else x
 
 

@@ -125,11 +125,6 @@ def _column(values):
     return [row[0] for row in values]
 
 
-def _unview(x, how, swapped, n):
-    x = how.unview(x, n)
-    return _kernels._swap(x) if swapped else x
-
-
 # ---------------------------------------------------------------------------------------------
 # The factorization.
 
@@ -232,11 +227,8 @@ def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
                         scratch, steps=g.chunks, name=f"tridiax_{kind}_factor_tpu",
                         vmem_limit=_tpu.vmem().limit, interpret=interpret)
     lu, pivots, e = (results[:parts], results[parts:parts + 1], results[parts + 1:])
-    out = []
-    for values, (how, _, _) in zip((lu, pivots, e), outs, strict=True):
-        values = [_unview(v, how, swapped, N) for v in values]
-        out.append(jax.lax.complex(*values) if len(values) == 2 else values[0])
-    return tuple(out)
+    return tuple(_kernels.joined(values, how, N, swapped)
+                 for values, (how, _, _) in zip((lu, pivots, e), outs, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,8 +476,7 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
                  [_kernels._spec(g, _tpu.Operand("rows"), backward, out_how, k * m)] * parts,
                  [carry, *_stage_shapes(g, b_in, b_staged)], steps=C,
                  name=f"tridiax_block_factored_{name}backward_tpu")
-        x = [_unview(part, out_how, swapped, N) for part in x]
-        return jax.lax.complex(*x) if parts == 2 else x[0]
+        return _kernels.joined(x, out_how, N, swapped)
 
     def chunk_forward(s):
         return jnp.minimum(s, C - 1)
@@ -504,5 +495,4 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
     x = call(kernel, g, arrays, in_specs, [out_shape] * parts,
              [_kernels._spec(g, _tpu.Operand("rows"), chunk_backward, out_how, k * m)] * parts,
              scratch, steps=2 * C, name=f"tridiax_block_factored_{name}solve_tpu")
-    x = [_unview(part, out_how, swapped, N) for part in x]
-    return jax.lax.complex(*x) if parts == 2 else x[0]
+    return _kernels.joined(x, out_how, N, swapped)
