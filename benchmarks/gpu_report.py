@@ -2,32 +2,38 @@
 
     python benchmarks/gpu_report.py [--out gpu_report.md] [--quick] [--skip-tests]
                                     [--all-tests] [--workers N] [--only SECTION ...]
+                                    [--deadline SECONDS] [--tests-timeout SECONDS]
 
-Written for one H100 or H200 (about 6 minutes on an H100; budget 8), it also runs on CPU
-(with --quick: small shapes, a smoke run of the script itself). It writes a markdown report:
+Written for one H100 or H200, where a machine is lent for minutes: `--deadline` skips the
+sections that would start after it, and the tests stop after `--tests-timeout`. It also runs
+on CPU (with --quick: small shapes, a smoke run of the script itself). It writes a markdown
+report, the sections most worth a short run first:
 
 1. the machine: device, jax and jaxlib, the backend each operation picks per dtype;
-2. the GPU test subset (`pytest -m "not large"` on the solve, recurrence, chunking, backend,
-   GPU lowering and Mosaic GPU tests: on a GPU they compare Triton, Mosaic GPU and XLA with
-   the references; `--all-tests`: the whole suite), in `--workers` processes, its summary line
-   and failures (the whole log beside the report, `<out>.pytest.log`);
-3. bandwidth of every kind (plain, pivoted, periodic, periodic pivoted, factored solve,
-   linear recurrence, IndRNN), in both layouts ((N, B) along axis 0 and (B, N) along the last
-   axis), per backend that runs on the device (on CUDA: pallas_triton, xla and the opt-in
-   mosaic_gpu, whose figures decide whether it becomes the default): time, GB/s of the bytes each call must move
-   (inputs read once, the output written once), that as a fraction of the device's peak, and
-   the ratio to a fused XLA elementwise op moving the same bytes (the floor);
-4. the shape table of bench_shapes.py (many short systems, few long ones, one very long one,
-   recurrences), in float32 and float64 (`--dtypes`), also written as data
-   (`benchmarks/data/shapes_<gpu>.json` on a GPU, `--json` elsewhere; compare it with the cost
-   model: `python benchmarks/gpu_model.py --measured FILE`), with the bandwidth reached (the
-   bytes of reading every input and writing the output once, over tridiax's time) as GB/s
-   and fraction of peak, and lax (associative_scan for recurrences) beside it;
-5. a Pallas tile sweep: (bp, bq) blocks on the (N, B) and (B, N) layouts.
+2. the shape table of bench_shapes.py (many short systems, few long ones, one very long one,
+   recurrences) in float32, also written as data (`benchmarks/data/shapes_<gpu>.json` on a
+   GPU, `--json` elsewhere; compare it with the cost model:
+   `python benchmarks/gpu_model.py --measured FILE`), with the bandwidth reached (the bytes
+   of reading every input and writing the output once, over tridiax's time) as GB/s and
+   fraction of peak, and lax (associative_scan for recurrences) beside it;
+3. the GPU test subset (`pytest -m "not large"` on the solve, recurrence, chunking, banded,
+   block-tridiagonal, factorization, backend, GPU lowering and Mosaic GPU tests: on a GPU they
+   compare Triton, Mosaic GPU and XLA with the references; `--all-tests`: the whole suite), in
+   `--workers` processes, its summary line and failures (the whole log, written as the tests
+   finish, beside the report: `<out>.pytest.log`);
+4. bandwidth of every kind (plain, pivoted, periodic, periodic pivoted, factored solve,
+   linear recurrence, IndRNN, banded, block-tridiagonal), in both layouts ((N, B) along
+   axis 0 and (B, N) along the last axis), per backend that runs on the device (on CUDA:
+   pallas_triton, xla and the opt-in mosaic_gpu, whose figures decide whether it becomes the
+   default): time, GB/s of the bytes each call must move (inputs read once, the output
+   written once), that as a fraction of the device's peak, and the ratio to a fused XLA op
+   moving the same bytes (the floor); these rows go into the data file too;
+5. the shape table in the other `--dtypes` (float64, with jax_enable_x64 on for it alone);
+6. a Pallas tile sweep: (bp, bq) blocks on the (N, B) and (B, N) layouts.
 
 Every figure is the minimum of repeats after a warm-up (compile time excluded), ratios taken
-from this one run. The report is rewritten after every section, so a run cut short keeps what
-it finished. Put the report in benchmarks/README.md, and make the defaults (PREFERENCE in
+from this one run. The report and the data file are rewritten after every section, so a run
+cut short keeps what it finished. Put the report in benchmarks/README.md, and make the defaults (PREFERENCE in
 tridiax/_core/backend.py, tiles in tridiax/_pallas/tiles.py) follow it.
 """
 
@@ -37,6 +43,7 @@ import argparse
 import functools
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -44,10 +51,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import machine, write_rows  # benchmarks/ is on sys.path when run as a script
+from _timing import machine, row, write_rows  # benchmarks/ is on sys.path when run as a script
 from bench_shapes import QUICK, SHAPES, data_rows, fmt, recurrence_problem, run_shape, solve_problem, time_best
 
 import tridiax
+from tridiax._banded.api import solve as banded_solve
+from tridiax._block.api import solve as block_solve
 from tridiax._core import backend as _backend
 from tridiax._recurrence.api import recurrence
 from tridiax._tridiagonal.api import solve
@@ -61,12 +70,19 @@ TEST_FILES = ["tests/tridiagonal/test_solve.py", *(f"tests/tridiagonal/test_solv
               "tests/recurrence/test_recurrence.py",
               *(f"tests/recurrence/test_recurrence_{b}.py" for b in GPU_TESTED),
               "tests/long_systems/test_chunked.py", "tests/project/test_jax_private.py",
-              "tests/gpu/test_gpu_lowering.py", "tests/gpu/test_mosaic_gpu.py"]
-KINDS = {  # name: (keyword arguments of solve, or "factored" / "recurrence" / "indrnn")
+              "tests/gpu/test_gpu_lowering.py", "tests/gpu/test_mosaic_gpu.py",
+              # The public banded and block solves and factorizations on the device's default
+              # backend (their kernels' own tests run them in interpret mode).
+              "tests/banded/test_banded.py", "tests/block/test_block.py",
+              "tests/block/test_block_operator.py", "tests/tridiagonal/test_operator.py"]
+KINDS = {  # name: keyword arguments of solve, or "factored" / "recurrence" / "indrnn" / family
     "plain": {}, "pivoted": {"pivoting": True}, "periodic": {"periodic": True},
     "periodic pivoted": {"periodic": True, "pivoting": True},
     "factored solve": "factored", "linear recurrence": "recurrence", "indrnn": "indrnn",
+    "banded (2, 2)": "banded", "block 2 x 2": "block",
 }
+BANDS = (2, 2)  # (l, u) of the banded rows
+BLOCK = 2  # k of the block rows
 
 
 def peak_gbs(device) -> float:
@@ -91,26 +107,41 @@ def section_machine(platform):
     return lines
 
 
-def section_tests(files, workers, log):
+def section_tests(files, workers, log, timeout_s):
     """Run the tests in `workers` processes (each allocating GPU memory as it goes, so that
-    they share the device); the whole log goes to `log`, the report gets the failures and
-    the summary."""
+    they share the device), stopped after `timeout_s`; the log, written as the tests finish
+    (one line per test), goes to `log`, the report gets the failures and the summary."""
     start = time.perf_counter()
     parallel = ["-n", str(workers)] if workers > 1 else []
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", "not large", "-p",
-                          "no:cacheprovider", *parallel, *files], cwd=ROOT, capture_output=True,
-                         text=True, env=env)
-    log.write_text(out.stdout + out.stderr)
-    lines = [line for line in out.stdout.splitlines() if line.strip()]
-    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return [f"`pytest -q -m 'not large' {' '.join(parallel + files)}` "
-            f"(exit {out.returncode}, {time.perf_counter() - start:.0f} s):", "", "```",
-            *failed[:60], *lines[-3:], "```"]
+    command = [sys.executable, "-m", "pytest", "-v", "--tb=short", "-rf", "-m", "not large",
+               "-p", "no:cacheprovider", *parallel, *files]
+    with open(log, "w") as stream:
+        # In a session of its own, so that a timeout stops the xdist workers too (left
+        # running, they would share the GPU with the timings that follow).
+        tests = subprocess.Popen(command, cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True)
+        try:
+            code = tests.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(tests.pid, signal.SIGKILL)
+            tests.wait()
+            code = f"stopped after {timeout_s:.0f} s"
+    lines = [line for line in pathlib.Path(log).read_text().splitlines() if line.strip()]
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))
+              or " FAILED " in line or " ERROR " in line]
+    passed = sum(" PASSED " in line for line in lines)
+    return [f"`pytest -v -m 'not large' {' '.join(parallel + files)}` "
+            f"(exit {code}, {time.perf_counter() - start:.0f} s, {passed} passed as logged):",
+            "", "```", *failed[:60], *lines[-3:], "```"]
 
 
 def _call(kind, backend, axis, block=None):
     spec = KINDS[kind]
+    if spec == "banded":  # solve_banded's default, partial pivoting
+        return lambda ab, b: banded_solve(BANDS, ab, b, axis=axis, pivoting=True, backend=backend)
+    if spec == "block":
+        return lambda *a: block_solve(*a, axis=axis, pivoting=True, backend=backend)
     if spec == "recurrence":
         return lambda a, x: recurrence(a, x, axis=axis, backend=backend)
     if spec == "indrnn":
@@ -124,38 +155,85 @@ def _call(kind, backend, axis, block=None):
 
 
 def _data(kind, shape, axis, dtype):
-    if KINDS[kind] in ("recurrence", "indrnn"):
+    """The operands of one call, the right-hand side (or x) last."""
+    spec = KINDS[kind]
+    if spec in ("recurrence", "indrnn"):
         return recurrence_problem(shape, dtype)
+    rng = np.random.default_rng(0)
+    if spec == "banded":  # scipy's layout, bands first, diagonally dominant
+        ab = rng.uniform(-1, 1, (sum(BANDS) + 1, *shape))
+        ab[BANDS[1]] = 2 * sum(BANDS) + rng.uniform(0, 1, shape)
+        return [jnp.asarray(ab, dtype), jnp.asarray(rng.standard_normal(shape), dtype)]
+    if spec == "block":  # (..., k, k) blocks, block diagonally dominant
+        blocks = shape + (BLOCK, BLOCK)
+        diag = rng.uniform(-1, 1, blocks) + 3 * BLOCK * np.eye(BLOCK)
+        return [jnp.asarray(a, dtype) for a in (rng.uniform(-1, 1, blocks), diag,
+                                                rng.uniform(-1, 1, blocks),
+                                                rng.standard_normal(shape + (BLOCK,)))]
     return solve_problem(shape, axis, dtype)
 
 
-def bandwidth_row(kind, backend, shape, axis, dtype, peak, block=None):
-    data = _data(kind, shape, axis, dtype)
-    moved = sum(a.nbytes for a in data) + data[-1].nbytes  # read every input, write x or h
-    t, compile_s, _ = time_best(_call(kind, backend, axis, block), data, budget_s=1.0)
-    floor = time_best(lambda *a: sum(a[1:], a[0]), data, budget_s=1.0)[0]
-    gbs = moved / t / 1e9
-    return t, gbs, gbs / peak, t / floor, compile_s
+def _floor(*operands):
+    """A fused XLA op that reads every operand once and writes an array of the last one's
+    shape: the least time a call with these operands and that output can take. Bands and
+    block columns are added slice by slice, which fuses into one elementwise loop."""
+    out = operands[-1]
+    for a in operands[:-1]:
+        if a.shape[1:] == out.shape:  # banded: the band axis leads
+            a = sum(a[i] for i in range(a.shape[0]))
+        elif a.shape[:-1] == out.shape:  # block: (..., k, k) against (..., k)
+            a = sum(a[..., j] for j in range(a.shape[-1]))
+        out = out + a
+    return out
 
 
-def section_bandwidth(platform, backends, layouts, dtype, peak):
+class Problem:
+    """One kind's operands in one layout, made once for every backend, and the floor's time."""
+
+    def __init__(self, kind, shape, axis, dtype):
+        self.kind, self.shape, self.axis = kind, shape, axis
+        self.data = _data(kind, shape, axis, dtype)
+        self.moved = sum(a.nbytes for a in self.data) + self.data[-1].nbytes  # read all, write x
+        self.floor_s = time_best(_floor, self.data, budget_s=1.0)[0]
+
+    def row(self, backend, peak, block=None):
+        """(seconds, GB/s, fraction of peak, ratio to the floor, compile seconds) of a call."""
+        t, compile_s, _ = time_best(_call(self.kind, backend, self.axis, block), self.data,
+                                    budget_s=1.0)
+        gbs = self.moved / t / 1e9
+        return t, gbs, gbs / peak, t / self.floor_s, compile_s
+
+
+def _op(kind) -> str:
+    """The operation `_backend.unavailable` asks about for a kind."""
+    spec = KINDS[kind]
+    return spec if spec in ("banded", "block") else "recurrence" if spec == "indrnn" else "thomas"
+
+
+def section_bandwidth(platform, backends, layouts, dtype, peak, collected=None):
+    """The bandwidth table; each row also goes into `collected` (table "bandwidth")."""
     lines = ["| kind | layout | backend | ms | GB/s | of peak | / floor | compile s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     times = {}  # (kind, layout, backend): seconds
     for kind in KINDS:
         for label, shape, axis in layouts:
+            problem = None
             for backend in backends:
-                if _backend.unavailable(backend, jnp.dtype(dtype), platform=platform,
-                                        op="recurrence" if kind == "indrnn" else "thomas",
+                if _backend.unavailable(backend, jnp.dtype(dtype), platform=platform, op=_op(kind),
                                         activation=jax.nn.relu if kind == "indrnn" else None):
                     continue
                 try:
-                    t, gbs, frac, ratio, c = bandwidth_row(kind, backend, shape, axis, dtype, peak)
+                    problem = problem or Problem(kind, shape, axis, dtype)
+                    t, gbs, frac, ratio, c = problem.row(backend, peak)
                 except Exception as err:  # noqa: BLE001 - a report records failures and goes on
                     lines.append(f"| {kind} | {label} | {backend} | failed: "
                                  f"{type(err).__name__}: {str(err)[:120]} | | | | |")
                     continue
                 times[kind, label, backend] = t
+                if collected is not None:
+                    collected.append(row("bandwidth", f"{kind}, {label}", backend, shape=list(shape),
+                                         axis=axis, dtype=dtype, ms=t * 1e3, compile_s=c,
+                                         ratio=ratio, ratio_to="floor", gbs=gbs))
                 lines.append(f"| {kind} | {label} | {backend} | {t * 1e3:.3f} | {gbs:.0f} | "
                              f"{fmt(frac * 100, '.0f')}% | {ratio:.2f}x | {c:.2f} |")
     return lines + ["", *_mosaic_verdict(times)]
@@ -215,10 +293,10 @@ def data_file(device, platform: str) -> pathlib.Path | None:
 def section_tiles(layouts, peak):
     lines = ["| layout | block (bp, bq) | ms | GB/s | of peak |", "|---|---|---:|---:|---:|"]
     for label, shape, axis in layouts:
+        problem = Problem("plain", shape, axis, "float32")
         for block in ((1, 32), (1, 64), (1, 128), (2, 64), (4, 32), (32, 1), (64, 1), (128, 1)):
             try:
-                t, gbs, frac, _, _ = bandwidth_row("plain", "pallas_triton", shape, axis,
-                                                   "float32", peak, block=block)
+                t, gbs, frac, _, _ = problem.row("pallas_triton", peak, block=block)
             except Exception as err:  # noqa: BLE001
                 lines.append(f"| {label} | {block} | failed: {type(err).__name__} | | |")
                 continue
@@ -240,8 +318,12 @@ def main():
                         help="these sections alone")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
                         help="dtypes of the shape table")
-    parser.add_argument("--json", help="the shape table as data (default on a GPU: "
+    parser.add_argument("--json", help="the shape and bandwidth tables as data (default on a GPU: "
                         "benchmarks/data/shapes_<gpu>.json)")
+    parser.add_argument("--deadline", type=float, default=float("inf"),
+                        help="seconds after the start past which no section starts")
+    parser.add_argument("--tests-timeout", type=float, default=600.0,
+                        help="seconds after which the tests are stopped")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     start = time.perf_counter()
@@ -257,17 +339,31 @@ def main():
     collected: list[dict] = []
     json_path = args.json or data_file(device, platform)
     log = out.with_name(out.name + ".pytest.log")
+    skip_lax = args.skip_lax or platform == "cpu"
+
+    def shapes(dtype):
+        # float64 needs jax_enable_x64, for this table alone (the others pass 32-bit arrays,
+        # but their helper arrays would turn 64-bit).
+        with jax.enable_x64(dtype == "float64"):
+            return section_shapes(args.quick, peak, skip_lax, dtype, collected)
+
+    first, *others = args.dtypes
     sections = [
         ("machine", "Machine and backend choice", lambda: section_machine(platform)),
-        ("tests", "Tests", lambda: section_tests(tests, args.workers, log)),
+        (f"shapes {first}", f"Shapes, {first}", functools.partial(shapes, first)),
+        ("tests", "Tests", lambda: section_tests(
+            tests, args.workers, log, max(1.0, min(args.tests_timeout, deadline_left())))),
         ("bandwidth", f"Bandwidth per kind, float32 (peak {fmt(peak, '.0f')} GB/s)",
-         lambda: section_bandwidth(platform, backends, layouts, "float32", peak)),
-        *((f"shapes {dtype}", f"Shapes, {dtype}",
-           functools.partial(section_shapes, args.quick, peak, args.skip_lax or platform == "cpu",
-                             dtype, collected)) for dtype in args.dtypes),
+         lambda: section_bandwidth(platform, backends, layouts, "float32", peak, collected)),
+        *((f"shapes {dtype}", f"Shapes, {dtype}", functools.partial(shapes, dtype))
+          for dtype in others),
         ("tiles", "Pallas Triton tile sweep, plain solve, float32",
          lambda: section_tiles(layouts, peak)),
     ]
+
+    def deadline_left():
+        return args.deadline - (time.perf_counter() - start)
+
     wanted = {name for name, _, _ in sections
               if not args.only or name.split()[0] in args.only}
     wanted -= {"tests"} if args.skip_tests else set()
@@ -275,16 +371,19 @@ def main():
     for name, title, build in sections:
         if name not in wanted:
             continue
+        if deadline_left() <= 0:
+            report += [f"## {title}", "", f"Not run: past the deadline ({args.deadline:.0f} s).", ""]
+            continue
         t0 = time.perf_counter()
         body = build()
         report += [f"## {title}", "", *body, "", f"({time.perf_counter() - t0:.0f} s)", ""]
         print("\n".join(report[-len(body) - 5:]), flush=True)
         out.write_text("\n".join(report) + "\n")  # what is done survives a run cut short
-        if name.startswith("shapes") and collected and json_path:
+        if collected and json_path:
             write_rows(json_path, collected, {"args": vars(args)})
     report.append(f"Total: {time.perf_counter() - start:.0f} s.")
     if collected and json_path:
-        report.append(f"Shape table as data: {json_path}; beside the model: "
+        report.append(f"Shape and bandwidth tables as data: {json_path}; beside the model: "
                       f"python benchmarks/gpu_model.py --measured {json_path}")
     out.write_text("\n".join(report) + "\n")
     print(f"wrote {out} in {time.perf_counter() - start:.0f} s")
