@@ -227,6 +227,14 @@ def solve_pnq(lower, diag, upper, b, *, kind: str, transposed: bool, out_dtype,
     out_dtype = np.dtype(out_dtype)
     if b.size == 0:
         return jnp.zeros(b.shape, out_dtype)
+    if P == Q == 1:
+        # Triton's compiler crashes (a segfault) on this kernel when every operand is one
+        # system wide: solve b beside a zero right-hand side of the same matrix (which breaks
+        # down exactly where b's system does) and keep b's.
+        wide = jnp.concatenate([b, jnp.zeros_like(b)], axis=2)
+        return solve_pnq(lower, diag, upper, wide, kind=kind, transposed=transposed,
+                         out_dtype=out_dtype, interpret=interpret,
+                         compiler_params=compiler_params, tiles=tiles)[:, :, :1]
     cdt = compute_dtype(out_dtype)
     is_complex = jnp.issubdtype(cdt, jnp.complexfloating)
 
