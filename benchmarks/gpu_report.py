@@ -110,12 +110,18 @@ def section_machine(platform):
 def section_tests(files, workers, log, timeout_s):
     """Run the tests in `workers` processes (each allocating GPU memory as it goes, so that
     they share the device), stopped after `timeout_s`; the log, written as the tests finish
-    (one line per test), goes to `log`, the report gets the failures and the summary."""
+    (one line per test), goes to `log`, each failure's traceback to `<log>.failures` as it
+    happens (`_pytest_failures.py`), the report gets the failures and the summary."""
     start = time.perf_counter()
     parallel = ["-n", str(workers)] if workers > 1 else []
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    failures = pathlib.Path(f"{log}.failures")
+    failures.unlink(missing_ok=True)
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+           "TRIDIAX_FAILURES_LOG": str(failures.resolve()),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"),
+                                                        os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "pytest", "-v", "--tb=short", "-rf", "-m", "not large",
-               "-p", "no:cacheprovider", *parallel, *files]
+               "-p", "no:cacheprovider", "-p", "_pytest_failures", *parallel, *files]
     with open(log, "w") as stream:
         # In a session of its own, so that a timeout stops the xdist workers too (left
         # running, they would share the GPU with the timings that follow).
@@ -311,6 +317,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--all-tests", action="store_true", help="the whole suite, not the subset")
+    parser.add_argument("--tests", nargs="+", metavar="TEST",
+                        help="these test files or ids instead of the subset (a rerun of failures)")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes")
     parser.add_argument("--skip-lax", action="store_true", help="leave lax out of the shapes")
     parser.add_argument("--only", nargs="+", metavar="SECTION",
@@ -335,7 +343,7 @@ def main():
                (f"(B, N) = ({b}, {n}), axis -1", (b, n), -1)]
     backends = device_backends(platform)
     report = [f"# tridiax GPU report ({time.strftime('%Y-%m-%d')})", ""]
-    tests = ["tests"] if args.all_tests else TEST_FILES
+    tests = args.tests or (["tests"] if args.all_tests else TEST_FILES)
     collected: list[dict] = []
     json_path = args.json or data_file(device, platform)
     log = out.with_name(out.name + ".pytest.log")
