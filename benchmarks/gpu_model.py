@@ -90,7 +90,7 @@ GOAL = 2.0
 DESIGN_GOAL = 1.4
 GRAD_GOAL = 2.5
 
-# The 2026-11-24 H100 run (benchmarks/README.md, "On an H100"): float32, ms of tridiax, of the
+# The 2026-11-24 H100 run (benchmarks/data/gpu_h100.json): float32, ms of tridiax, of the
 # floor, and of lax (cuSPARSE, associative_scan), per row of the shape table.
 MEASURED = {
     "(N, B) = (100, 100 000)": (0.328, 0.191, 0.873),
