@@ -12,7 +12,9 @@ interpreted) must also do: refuse an activation on complex values, which they sp
 and imaginary parts.
 
 A backend runs where `helpers.backends()` lists it: elsewhere its class is not collected, and
-each test's dtypes are those the backend runs. Not collected by pytest itself.
+each test's dtypes are those the backend runs; a test over no dtypes runs in the widest real
+dtype the backend runs (`wide`: float64, or float32 where the backend has no float64). Not
+collected by pytest itself.
 """
 
 from __future__ import annotations
@@ -86,28 +88,28 @@ class RecurrenceContract(BackendContract):
     @pytest.mark.parametrize("F", [1, 7, 129])
     @pytest.mark.parametrize("reverse", [False, True])
     def test_matches_numpy_loop(self, T, F, reverse):
-        a, x = problem((T, F), seed=T * F)
-        h0 = np.random.default_rng(1).standard_normal(F)
+        a, x = problem((T, F), self.wide, seed=T * F)
+        h0 = np.random.default_rng(1).standard_normal(F).astype(self.wide)
         h = recurrence(a, x, reverse=reverse, initial=h0, backend=self.backend)
         assert h.shape == (T, F)
-        assert_close(h, numpy_loop(a, x, reverse=reverse, initial=h0), np.float64)
+        assert_close(h, numpy_loop(a, x, reverse=reverse, initial=h0), self.wide)
         last = recurrence(a, x, reverse=reverse, initial=h0, final_only=True, backend=self.backend)
         assert last.shape == (F,)
         assert_close(last, numpy_loop(a, x, reverse=reverse, initial=h0)[0 if reverse else -1],
-                     np.float64)
+                     self.wide)
 
     @pytest.mark.parametrize("shape,axis", [((4, 9, 3), 0), ((4, 9, 3), 1), ((4, 9, 3), -1),
                                             ((2, 3, 17, 5), 2)])
     def test_every_axis_final_only_and_initial(self, shape, axis):
-        a, x = problem(shape, seed=3)
+        a, x = problem(shape, self.wide, seed=3)
         state = shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
-        h0 = np.random.default_rng(4).standard_normal(state)
+        h0 = np.random.default_rng(4).standard_normal(state).astype(self.wide)
         h = recurrence(a, x, axis=axis, initial=h0, backend=self.backend)
         expected = numpy_loop(a, x, axis=axis, initial=h0)
-        assert_close(h, expected, np.float64)
+        assert_close(h, expected, self.wide)
         last = recurrence(a, x, axis=axis, initial=h0, final_only=True, backend=self.backend)
         assert last.shape == state
-        assert_close(last, np.take(expected, -1, axis=axis), np.float64)
+        assert_close(last, np.take(expected, -1, axis=axis), self.wide)
 
     @over_dtypes(np.float32, np.float64, np.complex64, np.complex128, jnp.float16, jnp.bfloat16)
     def test_dtypes(self, dtype):
@@ -122,19 +124,19 @@ class RecurrenceContract(BackendContract):
 
     @pytest.mark.parametrize("a_shape", [(7,), (1, 7), (30, 1), (1, 1)])
     def test_decay_broadcasts(self, a_shape):
-        a, x = problem((30, 7), seed=6, a_shape=a_shape)
+        a, x = problem((30, 7), self.wide, seed=6, a_shape=a_shape)
         h = recurrence(a, x, backend=self.backend)
         assert h.shape == (30, 7)
-        assert_close(h, numpy_loop(a, x), np.float64)
+        assert_close(h, numpy_loop(a, x), self.wide)
 
     @pytest.mark.parametrize("T,F", [(1, 1), (15, 7), (63, 129)])
     def test_indrnn_matches_numpy_loop(self, activation_name, T, F):
-        w, z, h0 = indrnn_problem(T, F)
+        w, z, h0 = (v.astype(self.wide) for v in indrnn_problem(T, F))
         activation = ACTIVATIONS[activation_name]
         h = recurrence(w, z, initial=h0, activation=activation, backend=self.backend)
         expected = numpy_loop(w, z, initial=h0, activation=NUMPY_ACTIVATIONS[activation_name])
-        assert_close(h, expected, np.float64)
-        assert_close(tridiax.indrnn(w, z, activation=activation, initial=h0), h, np.float64)
+        assert_close(h, expected, self.wide)
+        assert_close(tridiax.indrnn(w, z, activation=activation, initial=h0), h, self.wide)
 
     @pytest.mark.parametrize("activation", [None, "tanh", "relu"])
     @pytest.mark.parametrize("reverse", [False, True])
@@ -143,8 +145,8 @@ class RecurrenceContract(BackendContract):
         if activation is not None and reverse:
             return  # indrnn runs forward only
         act = ACTIVATIONS[activation] if activation else None
-        a, x = (jnp.asarray(v) for v in problem((9, 4), seed=7))
-        h0 = jnp.asarray(np.random.default_rng(8).standard_normal(4))
+        a, x = (jnp.asarray(v) for v in problem((9, 4), self.wide, seed=7))
+        h0 = jnp.asarray(np.random.default_rng(8).standard_normal(4), self.wide)
 
         def ours(a, x, h0):
             return recurrence(a, x, reverse=reverse, initial=h0, final_only=final_only,
@@ -161,21 +163,26 @@ class RecurrenceContract(BackendContract):
         grads = jax.grad(loss(ours), argnums=(0, 1, 2))(a, x, h0)
         expected = jax.grad(loss(loop), argnums=(0, 1, 2))(a, x, h0)
         for g, e in zip(grads, expected, strict=True):
-            assert_close(g, e, np.float64, factor=10)
+            assert_close(g, e, self.wide, factor=10)
         if activation != "relu":  # relu has a kink: finite differences are unreliable there
-            check_grads(ours, (a, x, h0), order=2, modes=("fwd", "rev"))
+            # In float32 a finite difference of JAX's default step (1e-4) loses about
+            # eps32 / 1e-4 ~ 1e-3 to rounding, near check_grads' float32 tolerance (2e-3): it
+            # takes a longer step there (the tolerance stays check_grads' own).
+            check_grads(ours, (a, x, h0), order=2, modes=("fwd", "rev"),
+                        eps=1e-3 if np.dtype(self.wide) == np.float32 else None)
 
     def test_gradient_of_shared_decay_and_jvp(self):
-        a = jnp.asarray(np.random.default_rng(9).uniform(0.3, 0.9, 5))  # (F,) shared over time
-        x = jnp.asarray(np.random.default_rng(10).standard_normal((12, 5)))
+        # (F,) shared over time
+        a = jnp.asarray(np.random.default_rng(9).uniform(0.3, 0.9, 5), self.wide)
+        x = jnp.asarray(np.random.default_rng(10).standard_normal((12, 5)), self.wide)
         f = lambda a, x: recurrence(a, x, backend=self.backend)  # noqa: E731
         g = lambda a, x: jax_loop(a, x, jnp.zeros(5))  # noqa: E731
         ga = jax.grad(lambda a: jnp.sum(f(a, x) ** 2))(a)
         assert ga.shape == (5,)
-        assert_close(ga, jax.grad(lambda a: jnp.sum(g(a, x) ** 2))(a), np.float64, factor=10)
-        tangents = (jnp.ones(5), jnp.ones((12, 5)))
+        assert_close(ga, jax.grad(lambda a: jnp.sum(g(a, x) ** 2))(a), self.wide, factor=10)
+        tangents = (jnp.ones(5, self.wide), jnp.ones((12, 5), self.wide))
         assert_close(jax.jvp(f, (a, x), tangents)[1], jax.jvp(g, (a, x), tangents)[1],
-                     np.float64)
+                     self.wide)
 
 
 class PallasRecurrenceContract(RecurrenceContract):

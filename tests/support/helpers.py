@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,14 +14,15 @@ CPU_BACKENDS = ("native", "xla", "pallas_interpret")
 GPU_BACKENDS = ("pallas_triton", "mosaic_gpu", "xla")  # each where it runs the dtype
 
 
-def backends(dtype=None) -> tuple[str, ...]:
-    """Every backend that runs on this machine's default device (and supports `dtype`)."""
+def backends(dtype=np.float64, op: str = "thomas") -> tuple[str, ...]:
+    """Every backend that runs `op` in `dtype` on this machine's default device. The default
+    is float64, the tests' data unless they say otherwise (on a GPU, Mosaic GPU runs only
+    16- and 32-bit floats)."""
     from tridiax._core.backend import device_platform, unavailable
 
     platform = device_platform(jax.devices()[0])  # "cpu", "cuda", "rocm", ...
     found = GPU_BACKENDS if platform in ("cuda", "rocm") else CPU_BACKENDS
-    dtype = np.dtype(dtype if dtype is not None else np.float32)
-    return tuple(b for b in found if unavailable(b, dtype, platform=platform) is None)
+    return tuple(b for b in found if unavailable(b, np.dtype(dtype), platform=platform, op=op) is None)
 
 
 # Tolerances relative to the solution's size, per dtype.
@@ -142,6 +144,14 @@ def assert_close(actual, expected, dtype, factor=1.0):
     scale = max(np.max(np.abs(expected)), 1e-30)
     err = np.max(np.abs(actual - expected)) / scale if expected.size else 0.0
     assert err <= factor * RTOL[np.dtype(dtype)], f"relative error {err:.2e} for {dtype}"
+
+
+def program_shape(lowered) -> str:
+    """A lowered program's text, Triton kernels' IR decoded in place of their serialized
+    payloads, with every number replaced by 0: what stays when only sizes change."""
+    text = re.sub(r'ir = "(?:[^"\\]|\\.)*"', "ir = <kernel>", lowered.as_text())
+    texts = [text, *triton_kernels(lowered)] if "triton" in text else [text]
+    return re.sub(r"\d+", "0", "\n".join(texts))
 
 
 def triton_kernels(lowered) -> list[str]:
@@ -318,13 +328,23 @@ class BackendContract:
     backend's test module subclasses, setting `backend`. A subclass whose backend does not run
     on this machine's default device (see `backends`) is not collected: pytest collects a class
     unless its `__test__` is false, so nothing is reported for it, skipped or otherwise. A test
-    marked `over_dtypes` runs in each of those dtypes the backend runs (`runs`)."""
+    marked `over_dtypes` runs in each of those dtypes the backend runs (`runs`).
+
+    `wide` is the widest real dtype the backend runs on this machine's default device:
+    np.float64 where it runs float64, else np.float32 (Mosaic GPU on an NVIDIA GPU). A test
+    not marked `over_dtypes` takes its data, its expected dtype and its tolerance in `wide`
+    (its references may still compute in float64 from the rounded inputs), so that a backend
+    without 64-bit types runs it in 32 bits; a test about float64 itself is marked
+    `over_dtypes(np.float64)`. Set for each collected subclass, unless its body sets it."""
 
     backend: str
+    wide: type = np.float64
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.__test__ = getattr(cls, "backend", None) in backends()
+        cls.__test__ = getattr(cls, "backend", None) in backends(np.float32)  # in any dtype
+        if cls.__test__ and "wide" not in cls.__dict__:
+            cls.wide = np.float64 if cls.runs(np.float64) else np.float32
 
     @classmethod
     def runs(cls, dtype) -> bool:

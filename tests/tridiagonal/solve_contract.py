@@ -13,8 +13,10 @@ systems as real and imaginary parts.
 
 A backend runs where `helpers.backends()` lists it: elsewhere its class is not collected (no
 test is reported for it, skipped or otherwise), and each test's dtypes are those the backend
-runs (`runs`), so a backend without complex or 64-bit types has no case for them. A backend
-chooses its own batch-first paths and sizes (`batch_first_paths`, `batch_first_sizes`).
+runs (`runs`), so a backend without complex or 64-bit types has no case for them; a test over
+no dtypes runs in the widest real dtype the backend runs (`wide`: float64, or float32 where the
+backend has no float64). A backend chooses its own batch-first paths and sizes
+(`batch_first_paths`, `batch_first_sizes`).
 
 Not collected by pytest itself (its name does not match test_*.py, and its classes' names do
 not start with Test).
@@ -76,10 +78,10 @@ class SolveContract(BackendContract):
 
     @pytest.mark.parametrize("shape,axis", SHAPES_AXES)
     def test_matches_scipy_every_axis(self, shape, axis):
-        args = random_bands(shape, np.float64, seed=len(shape) + axis)
+        args = random_bands(shape, self.wide, seed=len(shape) + axis)
         x = solve(*args, axis=axis, backend=self.backend)
-        assert x.shape == shape and x.dtype == jnp.float64
-        assert_close(x, verify.reference_solve(*args, axis=axis), np.float64)
+        assert x.shape == shape and x.dtype == self.wide
+        assert_close(x, verify.reference_solve(*args, axis=axis), self.wide)
 
     @over_dtypes(np.float32, np.float64, np.complex64, np.complex128)
     @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -120,10 +122,10 @@ class SolveContract(BackendContract):
         ],
     )
     def test_broadcasting(self, shapes, axis):
-        args = random_bands(None, np.float64, seed=7, shapes=shapes)
+        args = random_bands(None, self.wide, seed=7, shapes=shapes)
         x = solve(*args, axis=axis, backend=self.backend)
         assert x.shape == np.broadcast_shapes(*shapes)
-        assert_close(x, verify.reference_solve(*args, axis=axis), np.float64)
+        assert_close(x, verify.reference_solve(*args, axis=axis), self.wide)
 
     @pytest.mark.parametrize("batch", [1, 2, 3, 127, 129, 300])
     @pytest.mark.parametrize("axis", [0, -1])
@@ -134,10 +136,12 @@ class SolveContract(BackendContract):
         assert_close(x, verify.reference_solve(*args, axis=axis), np.float32)
 
     def test_long_systems(self):
-        args = random_bands((2000, 3), np.float64, seed=11)
+        args = random_bands((2000, 3), self.wide, seed=11)
         x = solve(*args, axis=0, backend=self.backend)
-        assert_close(x, verify.reference_solve(*args, axis=0), np.float64)
-        assert verify.relative_residual(*args[:3], x, args[3], axis=0).max() < 1e-14
+        assert_close(x, verify.reference_solve(*args, axis=0), self.wide)
+        # A backward error of about 45 eps (1e-14 in float64).
+        bound = 1e-14 * np.finfo(self.wide).eps / np.finfo(np.float64).eps
+        assert verify.relative_residual(*args[:3], x, args[3], axis=0).max() < bound
 
     @over_dtypes(np.float32, np.float64, np.complex128)
     @pytest.mark.parametrize("kind", ["thomas", "pivoted", "periodic"])
@@ -159,7 +163,7 @@ class SolveContract(BackendContract):
 
     def test_ignores_lower_first_and_upper_last(self):
         backend = self.backend
-        lower, diag, upper, rhs = random_bands((6, 4), np.float64, seed=2)
+        lower, diag, upper, rhs = random_bands((6, 4), self.wide, seed=2)
         expected = solve(lower, diag, upper, rhs, axis=0, backend=backend)
         lower[0], upper[-1] = np.nan, np.inf
         x = solve(lower, diag, upper, rhs, axis=0, backend=backend)
@@ -172,23 +176,23 @@ class SolveContract(BackendContract):
         assert grads[0][0].tolist() == [0.0] * 4 and grads[2][-1].tolist() == [0.0] * 4
 
     def test_zero_pivot_only_affects_its_system(self):
-        lower, diag, upper, rhs = random_bands((5, 6), np.float64, seed=4)
+        lower, diag, upper, rhs = random_bands((5, 6), self.wide, seed=4)
         diag[0, 2] = 0.0  # first pivot of system (column) 2 is zero
         diag[3, 4] = lower[3, 4] * upper[2, 4] / diag[2, 4]  # a later pivot is (nearly) zero
         x = np.asarray(solve(lower, diag, upper, rhs, axis=0, backend=self.backend))
         assert not np.all(np.isfinite(x[:, 2]))
         ok = [0, 1, 3, 5]
         ref = verify.reference_solve(*(a[:, ok] for a in (lower, diag, upper, rhs)), axis=0)
-        assert_close(x[:, ok], ref, np.float64)
+        assert_close(x[:, ok], ref, self.wide)
 
     def test_nonfinite_input_stays_in_its_system(self):
-        lower, diag, upper, rhs = random_bands((7, 5), np.float64, seed=8)
+        lower, diag, upper, rhs = random_bands((7, 5), self.wide, seed=8)
         rhs[3, 1] = np.nan
         x = np.asarray(solve(lower, diag, upper, rhs, axis=0, backend=self.backend))
         assert np.all(np.isnan(x[:, 1]))
         ok = [0, 2, 3, 4]
         ref = verify.reference_solve(*(a[:, ok] for a in (lower, diag, upper, rhs)), axis=0)
-        assert_close(x[:, ok], ref, np.float64)
+        assert_close(x[:, ok], ref, self.wide)
 
     # Batch-first systems (rows contiguous, the last axis): every path and size the backend
     # has (a whole tile and 5 systems of another), operands broadcast along either axis, the
@@ -249,10 +253,11 @@ class SolveContract(BackendContract):
         diag = np.abs(lower) + np.abs(upper) - 0.3 + rng.uniform(0, 0.1, (4, n)) + 1.0
         diag[2] = np.where(np.arange(n) % 2 == 0, 4.0, -4.0)
         rhs = rng.standard_normal((4, n))
-        got = solve(*(jnp.asarray(v) for v in (lower, diag, upper, rhs)), axis=-1,
-                    backend=self.backend)
-        want = verify.reference_solve(lower, diag, upper, rhs, axis=-1)
-        assert_close(got, want, np.float64, factor=100)
+        bands = [v.astype(self.wide) for v in (lower, diag, upper, rhs)]
+        got = solve(*(jnp.asarray(v) for v in bands), axis=-1, backend=self.backend)
+        assert got.dtype == self.wide
+        want = verify.reference_solve(*bands, axis=-1)
+        assert_close(got, want, self.wide, factor=100)
 
 
 class PallasSolveContract(SolveContract):
