@@ -64,17 +64,19 @@ from tridiax._tridiagonal.api import solve
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Peak memory bandwidth (GB/s) by device kind (vendor figures), for the fraction column.
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0}
-# Each family's contract runs once per GPU backend (test_<family>_<backend>.py).
-GPU_TESTED = ("pallas_triton", "mosaic_gpu", "xla")
-TEST_FILES = ["tests/tridiagonal/test_solve.py", *(f"tests/tridiagonal/test_solve_{b}.py" for b in GPU_TESTED),
-              "tests/recurrence/test_recurrence.py",
-              *(f"tests/recurrence/test_recurrence_{b}.py" for b in GPU_TESTED),
-              "tests/long_systems/test_chunked.py", "tests/project/test_jax_private.py",
-              "tests/gpu/test_gpu_lowering.py", "tests/gpu/test_mosaic_gpu.py",
-              # The public banded and block solves and factorizations on the device's default
-              # backend (their kernels' own tests run them in interpret mode).
-              "tests/banded/test_banded.py", "tests/block/test_block.py",
-              "tests/block/test_block_operator.py", "tests/tridiagonal/test_operator.py"]
+# First what a GPU run has shown wrong or never run (pytest-xdist hands out tests in this order,
+# so a run stopped by --tests-timeout has done those): the public banded and block solves and
+# factorizations on the device's default backend (their kernels' own tests run them in
+# interpret mode), then each family's contract per GPU backend (test_<family>_<backend>.py),
+# then the rest.
+TEST_FILES = ["tests/block/test_block.py", "tests/block/test_block_operator.py",
+              "tests/banded/test_banded.py",
+              *(f"tests/{family}/test_{name}_{b}.py" for b in ("mosaic_gpu", "pallas_triton", "xla")
+                for family, name in (("tridiagonal", "solve"), ("recurrence", "recurrence"))),
+              "tests/tridiagonal/test_solve.py", "tests/recurrence/test_recurrence.py",
+              "tests/tridiagonal/test_operator.py", "tests/long_systems/test_chunked.py",
+              "tests/project/test_jax_private.py", "tests/gpu/test_mosaic_gpu.py",
+              "tests/gpu/test_gpu_lowering.py"]
 KINDS = {  # name: keyword arguments of solve, or "factored" / "recurrence" / "indrnn" / family
     "plain": {}, "pivoted": {"pivoting": True}, "periodic": {"periodic": True},
     "periodic pivoted": {"periodic": True, "pivoting": True},
