@@ -511,7 +511,7 @@ def _plan(P, N, Q, operands, out_dtype, *, k: int, m: int, kind: str, budget, st
     # the "lanes" layout whatever (P, Q) are; chunks down to 32 rows (large blocks take many
     # row tiles a row)
     return _tpu.geometry(P, N, Q, vmem_bytes=need, budget=budget, layout="lanes",
-                         chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(4)))
+                         chunk_sizes=_tpu.chunks_down_to(32))
 
 
 def _staged(how: Arrangement, dtype) -> bool:

@@ -205,7 +205,7 @@ def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
     # axis of size 1 to 8 sublanes, so large blocks need short chunks)
     Pv, Qv = (Q, P) if swapped else (P, Q)
     g = _tpu.geometry(Pv, N, Qv, vmem_bytes=need, budget=_tpu.vmem().budget, layout="lanes",
-                      chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(5)))
+                      chunk_sizes=_tpu.chunks_down_to(16))
     if g is None:  # not even one row tile of 16 rows fits
         return _xla.factor_pnq(lower, diag, upper, kind=kind, out_dtype=out_dtype)
     arrays, ops, staged = _passed(g, inputs)
@@ -432,7 +432,7 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
 
     Pv, Qv = (Q, P) if swapped else (P, Q)
     plan = functools.partial(_tpu.geometry, Pv, N, Qv, budget=_tpu.vmem().budget, layout="lanes",
-                             chunk_sizes=tuple(_tpu.CHUNK >> n for n in range(4)))
+                             chunk_sizes=_tpu.chunks_down_to(32))
     g, streamed = plan(vmem_bytes=need), False
     # Too long for VMEM: two kernels, y (z) through HBM; not for a 16-bit x with rows minor,
     # which the backward kernel would have to stage (a packed row cannot be stored at a

@@ -222,6 +222,11 @@ def vmem(device_kind: str | None = None) -> Vmem:
     return Vmem(VMEM_BUDGET * limit // VMEM_LIMIT, limit)
 
 
+def chunks_down_to(shortest: int) -> tuple[int, ...]:
+    """`geometry`'s `chunk_sizes` from CHUNK rows down to `shortest` by halves, longest first."""
+    return tuple(CHUNK >> n for n in range(int(math.log2(CHUNK // shortest)) + 1))
+
+
 def geometry(P: int, N: int, Q: int, *, vmem_bytes, budget: int | None = None,
              layout: str | None = None, chunk_sizes=(CHUNK, CHUNK // 2),
              sublanes: int = SUBLANES) -> Geometry | None:
