@@ -262,7 +262,7 @@ def test_h100_compile_of_one_system():
 
 
 def test_one_system_matches_scipy():
-    # The one-system path (module docstring of test_h100_compile_of_one_system) in interpret
+    # The one-system path (test_h100_compile_of_one_system says why it exists) in interpret
     # mode: b solved beside a zero right-hand side, which must not leak into b's answer.
     for k, m, kind in ((2, 1, "block_pivoted"), (3, 2, "block"), (2, 1, "block_hermitian")):
         (lower, diag, upper, b), clean = problem(kind, (1, 9, 1), k, m, seed=k + m)
