@@ -77,9 +77,18 @@ def _lowering(platform: str):
             # materialises).
             ab_view = jax.vmap(lambda band: _layout.to_pnq(band, axis, full))(ab)
             b_view = _layout.to_pnq(jnp.broadcast_to(b, full), axis, full)
+            # On a GPU, systems whose rows are narrower than a memory sector (batch-first)
+            # are moved to columns, as the tridiagonal kernels' are (`_planner.gpu_columns`).
+            P, _, Q = b_view.shape
+            back = lambda x: x  # noqa: E731
+            if _planner.gpu_columns(P, Q, b.dtype, backend=backend):
+                # the band index as a trailing axis, so that one transpose moves all bands
+                (bands, b_view), back = _layout.to_columns(
+                    [jnp.moveaxis(ab_view, 0, -1), b_view], P, Q)
+                ab_view = jnp.moveaxis(bands, -1, 0)
             x = kernel(ab_view, b_view, l=l, u=u, kind=kind, transposed=transposed,
                        out_dtype=b.dtype, **options)
-            return x.reshape(full)
+            return back(x).reshape(full)
 
         return _sharding.partitioned(local, [ab.shape, b.shape], [_full_shape(ab, b)], axis,
                                      leading=(1, 0))(ab, b)

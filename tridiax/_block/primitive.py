@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from .._core import along_axis as _along
 from .._core import backend as _backend
 from .._core import layout as _layout
+from .._core import planner as _planner
 from .._core import sharding as _sharding
 from .._core.dtypes import compute_dtype
 from .._core.jax_private import ShapedArray
@@ -64,8 +65,13 @@ def _lowering(platform: str):
             systems = _systems_shape(lower, diag, upper, b)
             blocks = [to_pnq_blocks(x, axis, systems) for x in (lower, diag, upper)]
             b_view = to_pnq_blocks(jnp.broadcast_to(b, systems + b.shape[-2:]), axis, systems)
-            x = kernel(*blocks, b_view, kind=kind, transposed=transposed, out_dtype=b.dtype)
-            return x.reshape(systems + b.shape[-2:])
+            # On a GPU, systems whose rows are narrower than a memory sector (batch-first)
+            # are moved to columns, as the tridiagonal kernels' are (`_planner.gpu_columns`).
+            P, _, Q = b_view.shape[:3]
+            views, P, Q, back = _layout.columns_if(
+                _planner.gpu_columns(P, Q, b.dtype, backend=backend), [*blocks, b_view], P, Q)
+            x = kernel(*views, kind=kind, transposed=transposed, out_dtype=b.dtype)
+            return back(x).reshape(systems + b.shape[-2:])
 
         operands = (lower, diag, upper, b)
         out = _systems_shape(*operands) + b.shape[-2:]

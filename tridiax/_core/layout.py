@@ -56,21 +56,21 @@ def to_pnq(x: Array, axis: int, full_shape: tuple[int, ...], *, trailing: int = 
 
 
 def to_columns(views, P: int, Q: int):
-    """(P|1, N|1, Q|1) views as (1, N|1, P*Q|1): every system a column, system (p, q) at
-    column p*Q + q, by one XLA transpose per operand (an operand broadcast along both P and Q
-    stays as it is; one broadcast along only one of them is materialised). Returns the views
-    and `back`, which puts a (1, M, P*Q) result back as (P, M, Q)."""
+    """(P|1, N|1, Q|1, *block) views as (1, N|1, P*Q|1, *block): every system a column, system
+    (p, q) at column p*Q + q, by one XLA transpose per operand (an operand broadcast along both
+    P and Q stays as it is; one broadcast along only one of them is materialised). Returns the
+    views and `back`, which puts a (1, M, P*Q, *block) result back as (P, M, Q, *block)."""
     moved = []
     for v in views:
-        p, n, q = v.shape
+        p, n, q, *block = v.shape
         if p == 1 and q == 1:
             moved.append(v)
             continue
-        v = jnp.broadcast_to(v, (P, n, Q))
-        moved.append(v.transpose(1, 0, 2).reshape(1, n, P * Q))
+        v = jnp.broadcast_to(v, (P, n, Q, *block))
+        moved.append(jnp.swapaxes(v, 0, 1).reshape(1, n, P * Q, *block))
 
     def back(x: Array) -> Array:
-        return x.reshape(x.shape[1], P, Q).transpose(1, 0, 2)
+        return jnp.swapaxes(x.reshape(x.shape[1], P, Q, *x.shape[3:]), 0, 1)
 
     return moved, back
 
