@@ -178,8 +178,7 @@ def test_batch_first_banded_and_block_systems_are_read_as_columns(family, axis):
     # Rows of batch-first systems (4 bytes each) are narrower than a memory sector: the banded
     # and block kernels take them moved to columns, as the tridiagonal ones do, so that every
     # row load of a tile is contiguous (systems side by side along Q); along axis 0 they are
-    # columns already. On an H200 the batch-first rows ran at 72x (banded) and 31x (block) the
-    # floor where the same systems as columns ran at 3.5x and 7.4x.
+    # columns already.
     B, N = 1000, 100
     batch = (B, N) if axis == -1 else (N, B)
     if family == "banded":
