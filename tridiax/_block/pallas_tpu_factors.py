@@ -235,6 +235,12 @@ def factor_pnq(lower, diag, upper, *, kind: str, out_dtype, interpret=None):
 # The factored solves.
 
 
+def _carried(k: int, m: int, transposed: bool) -> int:
+    """Row tiles a factored solve's sweeps carry from row to row: x (y, z) of the row before,
+    and with `transposed` the block the next row needs too (E[i-1], or L[i+1] going back)."""
+    return k * m + (k * k if transposed else 0)
+
+
 def _sweep(g, carry, operands, j, row, *, carried: int, offset, reverse: bool):
     """`row(start, offset, i, values)` over chunk j's rows (`reverse`: last first), from a zero
     carry at the first chunk swept; `operands`' stages filled first; `offset`: the chunk's
@@ -324,7 +330,7 @@ def _solve_kernel(*refs, g, inputs, ops, staged, forward_count, out_how, k, m, p
     forward_inputs, backward_inputs = entries[:forward_count], entries[forward_count:]
     ys = _kernels._Scratch(g, y_refs, k, m)
     sweep = functools.partial(_sweep, g, _kernels._Carry(carry_ref, parts),
-                              carried=k * m + (k * k if transposed else 0))
+                              carried=_carried(k, m, transposed))
     C = g.chunks
     step = pl.program_id(2)
 
@@ -367,7 +373,7 @@ def _streamed_forward_kernel(*refs, g, inputs, ops, staged, k, m, parts, transpo
     ys = _kernels._WorkBlocks(g, y_refs, k, m)
     row = _forward_row(forward_inputs, ys, k=k, m=m, transposed=transposed)
     _sweep(g, _kernels._Carry(carry_ref, parts), forward_inputs, pl.program_id(2), row,
-           carried=k * m + (k * k if transposed else 0), offset=0, reverse=False)
+           carried=_carried(k, m, transposed), offset=0, reverse=False)
 
 
 def _streamed_backward_kernel(*refs, g, inputs, ops, staged, out_how, k, m, parts,
@@ -387,8 +393,8 @@ def _streamed_backward_kernel(*refs, g, inputs, ops, staged, out_how, k, m, part
     row = _backward_row(g, backward_inputs, ys, lambda offset, i, x: write_x(i, x), k=k, m=m,
                         transposed=transposed)
     _sweep(g, _kernels._Carry(carry_ref, parts), backward_inputs,
-           g.chunks - 1 - pl.program_id(2), row, carried=k * m + (k * k if transposed else 0),
-           offset=0, reverse=True)
+           g.chunks - 1 - pl.program_id(2), row, carried=_carried(k, m, transposed), offset=0,
+           reverse=True)
 
 
 def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
@@ -415,7 +421,7 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
         forward_count = 4
     inputs = _inputs(order, swapped, parts == 2)
     out_how = _kernels.arrangement(b.shape, out_dtype, k, m, swapped=swapped)
-    carried = k * m + (k * k if transposed else 0)
+    carried = _carried(k, m, transposed)
 
     def need(g):
         return (_input_bytes(g, inputs) + _outputs_bytes(g, [(out_how, part_dtype, parts)])
@@ -459,9 +465,8 @@ def factored_solve_pnq(lu, pivots, e, lower, b, *, transposed: bool, out_dtype,
         def backward(s):
             return C - 1 - s
 
-        groups = [(inputs[:forward_count], ops[:forward_count], staged[:forward_count]),
-                  (inputs[forward_count:], ops[forward_count:], staged[forward_count:])]
-        (f_in, f_ops, f_staged), (b_in, b_ops, b_staged) = groups
+        f_in, f_ops, f_staged = inputs[:forward_count], ops[:forward_count], staged[:forward_count]
+        b_in, b_ops, b_staged = inputs[forward_count:], ops[forward_count:], staged[forward_count:]
         y = call(functools.partial(_streamed_forward_kernel, inputs=f_in, ops=f_ops,
                                    staged=f_staged, **common),
                  g, arrays[:n_forward], _specs(g, f_in, f_ops, forward), [work_shape] * parts,
