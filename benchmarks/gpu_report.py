@@ -48,6 +48,8 @@ import subprocess
 import sys
 import time
 
+import bench_banded
+import bench_block
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,17 +169,11 @@ def _data(kind, shape, axis, dtype):
     spec = KINDS[kind]
     if spec in ("recurrence", "indrnn"):
         return recurrence_problem(shape, dtype)
-    rng = np.random.default_rng(0)
-    if spec == "banded":  # scipy's layout, bands first, diagonally dominant
-        ab = rng.uniform(-1, 1, (sum(BANDS) + 1, *shape))
-        ab[BANDS[1]] = 2 * sum(BANDS) + rng.uniform(0, 1, shape)
-        return [jnp.asarray(ab, dtype), jnp.asarray(rng.standard_normal(shape), dtype)]
-    if spec == "block":  # (..., k, k) blocks, block diagonally dominant
-        blocks = shape + (BLOCK, BLOCK)
-        diag = rng.uniform(-1, 1, blocks) + 3 * BLOCK * np.eye(BLOCK)
-        return [jnp.asarray(a, dtype) for a in (rng.uniform(-1, 1, blocks), diag,
-                                                rng.uniform(-1, 1, blocks),
-                                                rng.standard_normal(shape + (BLOCK,)))]
+    n, batch = shape if axis == 0 else shape[::-1]
+    if spec == "banded":  # diagonally dominant, in scipy's layout (bands first)
+        return list(bench_banded.problem(*BANDS, n, batch, axis, dtype))
+    if spec == "block":  # block diagonally dominant
+        return bench_block.problem(BLOCK, n, batch, axis, dtype)
     return solve_problem(shape, axis, dtype)
 
 
@@ -199,7 +195,7 @@ class Problem:
     """One kind's operands in one layout, made once for every backend, and the floor's time."""
 
     def __init__(self, kind, shape, axis, dtype):
-        self.kind, self.shape, self.axis = kind, shape, axis
+        self.kind, self.axis = kind, axis
         self.data = _data(kind, shape, axis, dtype)
         self.moved = sum(a.nbytes for a in self.data) + self.data[-1].nbytes  # read all, write x
         self.floor_s = time_best(_floor, self.data, budget_s=1.0)[0]
