@@ -317,6 +317,12 @@ ENTRY_POINTS = {
     # floor of a solve that cannot keep its rows on chip ("streamed", `_floor`)
     "solve-longer-than-vmem-f32": (_solve(0), [((60000, 1024), "float32")] * 4, 2, ("streamed", 2)),
     "solve-long-narrow-f32": (_solve(0), [((1000000, 64), "float32")] * 4, 2, ("streamed", 2)),
+    # fewer systems than a row tile, at least 128 wide: the partition method's own kernels
+    # (ends, the reduced system, the solve with the separators known), which read the bands
+    # twice: the floor of a streamed solve's 9 arrays; the periodic kind the same
+    "solve-few-long-chunked-f32": (_solve(0), [((1000000, 128), "float32")] * 4, 3, ("streamed", 2)),
+    "solve-periodic-few-long-chunked-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
+                                            [((1000000, 128), "float32")] * 4, 3, ("streamed", 2)),
     # pivoted: U's rows (pivot, two super-diagonals, y') streamed
     "solve-pivoted-longer-than-vmem-f32": (_solve(0, pivoting=True), [((30000, 1024), "float32")] * 4,
                                            2, ("streamed", 4)),

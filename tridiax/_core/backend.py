@@ -361,6 +361,7 @@ def _tpu_kernels(backend: str, composed) -> Kernels:
     from .._block import pallas_tpu as _tpu_block
     from .._recurrence import pallas_tpu as _tpu_recurrence
     from .._tridiagonal import pallas_tpu as _tpu_thomas
+    from .._tridiagonal import pallas_tpu_chunks as _tpu_chunks
 
     # TPU interpret mode (`pltpu.InterpretParams`) runs through ordered callbacks, which a
     # primitive's lowering cannot hold: the backend runs Pallas's HLO interpreter instead, and
@@ -386,4 +387,11 @@ def _tpu_kernels(backend: str, composed) -> Kernels:
     def block(lower, diag, upper, b, **kwargs):
         return _tpu_block.solve_pnq(lower, diag, upper, b, interpret=interpret, **kwargs)
 
-    return composed(solve, recurrence, factor, banded, block)
+    # The partition method's sweeps as kernels of their own, the composed ones where those do
+    # not apply (`_tridiagonal/pallas_tpu_chunks.py`).
+    kernels = composed(solve, recurrence, factor, banded, block)
+    return kernels._replace(
+        chunk_ends=functools.partial(_tpu_chunks.chunk_ends_pnq, interpret=interpret,
+                                     composed=kernels.chunk_ends),
+        chunk_solve=functools.partial(_tpu_chunks.chunk_solve_pnq, interpret=interpret,
+                                      composed=kernels.chunk_solve))

@@ -112,7 +112,7 @@ def _unpad(v: Array, N: int, C: int, m: int, at: str) -> Array:
                             lax.slice_in_dim(v, C * m - (N - cut), C * m, axis=1)], 1)
 
 
-def _view(v: Array, P: int, N: int, C: int, m: int, *, at: str = "end", fill=0,
+def chunk_view(v: Array, P: int, N: int, C: int, m: int, *, at: str = "end", fill=0,
           rows: bool = False) -> Array:
     """(p, n, q) operand (p in {1, P}, n in {1, N}) as its chunk view (P*C|1, m|1, q).
 
@@ -130,7 +130,7 @@ def _view(v: Array, P: int, N: int, C: int, m: int, *, at: str = "end", fill=0,
     return v.reshape(p * C, m, q)
 
 
-def _per_chunk_view(v: Array, P: int) -> Array:
+def per_chunk_view(v: Array, P: int) -> Array:
     """(p, C, q) values, one per chunk (p in {1, P}), as (P*C, 1, q) for the chunk view."""
     _, C, q = v.shape
     return jnp.broadcast_to(v, (P, C, q)).reshape(P * C, 1, q)
@@ -169,7 +169,7 @@ def _pick(s: Array, C: int, row: int, last_row: int) -> Array:
     return lax.concatenate([rows(row)[:, : C - 1], rows(last_row)[:, C - 1 :]], 1)
 
 
-def _first_chunk_zero(v: Array, keep: bool) -> Array:
+def first_chunk_zero(v: Array, keep: bool) -> Array:
     """(p, C, q) with chunk 0 set to zero (unless `keep`)."""
     if keep:
         return v
@@ -181,7 +181,7 @@ def _first_chunk_zero(v: Array, keep: bool) -> Array:
 # Solves.
 
 
-def _check_chunk(N: int, m: int) -> tuple[int, int]:
+def check_chunk(N: int, m: int) -> tuple[int, int]:
     C, L = _count(N, m)
     if m < 2 or L < 2:
         raise ValueError(f"every chunk needs >= 2 rows: chunk={m} does not fit N={N} "
@@ -202,12 +202,12 @@ def _band_views(l, d, u, *, P: int, N: int, C: int, m: int, L: int, transposed: 
     follows the interior (its value is discarded); with row interchanges it could be chosen as
     a pivot and carry its own (possibly zero) diagonal into the interior's answer."""
     padded = C * m != N
-    lv = _view(l, P, N, C, m, fill=0, rows=padded)
-    dv = _view(d, P, N, C, m, fill=1, rows=padded)
+    lv = chunk_view(l, P, N, C, m, fill=0, rows=padded)
+    dv = chunk_view(d, P, N, C, m, fill=1, rows=padded)
     if padded and u.shape[1] != 1:
         u = lax.concatenate([lax.slice_in_dim(u, 0, N - 1, axis=1),
                              jnp.zeros((u.shape[0], 1, u.shape[2]), u.dtype)], 1)
-    uv = _view(u, P, N, C, m, fill=0)
+    uv = chunk_view(u, P, N, C, m, fill=0)
     zero = jnp.zeros((), u.dtype)
     separator = _row_mask(P, C, m, m - 1, L - 1)
     if pivoting:
@@ -223,7 +223,7 @@ def _band_views(l, d, u, *, P: int, N: int, C: int, m: int, L: int, transposed: 
     return lv, dv, uv
 
 
-def _couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool):
+def couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool):
     """Per chunk (p, C, q): alpha (row 0's coupling to the previous separator), beta (the
     previous separator's coupling to row 0), zero for chunk 0 unless periodic, and omega."""
     starts = np.arange(C) * m
@@ -231,7 +231,7 @@ def _couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool
     first_lower = rows_at(l, starts)
     upper_before = rows_at(u, (starts - 1) % N)  # row N-1 (the corner) for chunk 0
     alpha, beta = (upper_before, first_lower) if transposed else (first_lower, upper_before)
-    alpha, beta = (_first_chunk_zero(v, periodic) for v in (alpha, beta))
+    alpha, beta = (first_chunk_zero(v, periodic) for v in (alpha, beta))
     omega = rows_at(l, seps) if transposed else rows_at(u, seps - 1)
     return alpha, beta, omega, seps
 
@@ -267,18 +267,17 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
     `stack=False` always runs four sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
-    C, L = _check_chunk(N, m)
+    C, L = check_chunk(N, m)
     dtype = b.dtype
     l, d, u = (v.astype(dtype) for v in (l, d, u))
-    alpha, beta, omega, seps = _couplings(l, u, N=N, C=C, m=m, transposed=transposed,
+    alpha, beta, omega, seps = couplings(l, u, N=N, C=C, m=m, transposed=transposed,
                                           periodic=periodic)
-    sub_n = rows_at(u, seps - 1) if transposed else rows_at(l, seps)
-    d_n, b_n = rows_at(d, seps), rows_at(b, seps)
+    separator = separator_rows(l, d, u, b, seps, transposed=transposed)
 
     bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
                         pivoting=pivoting)
-    bv = _view(b, P, N, C, m, fill=0)
-    rv = _view(_row_sums(l, d, u, N=N, transposed=transposed, periodic=periodic), P, N, C, m,
+    bv = chunk_view(b, P, N, C, m, fill=0)
+    rv = chunk_view(_row_sums(l, d, u, N=N, transposed=transposed, periodic=periodic), P, N, C, m,
                fill=0)
     rows = lax.broadcasted_iota(np.int32, (1, m, 1), 1)
     e_first = (rows == 0).astype(dtype)
@@ -300,17 +299,34 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
         nb = parts[0].shape[stack]
         y, v1, wn, yr = (lax.slice_in_dim(x, lo, hi, axis=stack) for lo, hi in
                          ((0, nb), (nb, nb + 1), (nb + 1, nb + 2), (nb + 2, nb + 3)))
-    y_first, y_last = _pick(y, C, 0, 0), _pick(y, C, m - 2, L - 2)
-    v_first, v_last = alpha * _pick(v1, C, 0, 0), alpha * _pick(v1, C, m - 2, L - 2)
-    w_first, w_last = omega * _pick(wn, C, 0, 0), omega * _pick(wn, C, m - 2, L - 2)
-    yr_first, yr_last = _pick(yr, C, 0, 0), _pick(yr, C, m - 2, L - 2)
+    ends = [(_pick(s, C, 0, 0), _pick(s, C, m - 2, L - 2)) for s in (y, v1, wn, yr)]
+    return reduced_rows(*ends, separator=separator, alpha=alpha, beta=beta, omega=omega,
+                        shape=(P, C, Q), dtype=dtype)
+
+
+def separator_rows(l, d, u, b, seps, *, transposed: bool):
+    """(sub, d, b) of the separator rows `seps`, each (p, C, q): what the reduced system takes
+    from them besides the chunks' ends."""
+    sub_n = rows_at(u, seps - 1) if transposed else rows_at(l, seps)
+    return sub_n, rows_at(d, seps), rows_at(b, seps)
+
+
+def reduced_rows(y, v1, wn, yr, *, separator, alpha, beta, omega, shape, dtype):
+    """The ten (P, C, Q) arrays of `_native.chunk_ends_pnq` (chunks.cc, `Mode`) from each chunk's
+    interior solutions at its first and last interior rows, a (first, last) pair each: y =
+    T^{-1} b, v1 = T^{-1} e_1, wn = T^{-1} e_n (unscaled by alpha and omega), yr = T^{-1} r
+    (r: the rows' sums, `_long_systems/chunked.py`); `separator`: `separator_rows`."""
+    sub_n, d_n, b_n = separator
+    (y_first, y_last), (yr_first, yr_last) = y, yr
+    v_first, v_last = (alpha * v for v in v1)
+    w_first, w_last = (omega * w for w in wn)
     one = jnp.ones((), dtype)
     mag, margin = magnitude, SUMS_MARGIN
     out = (-sub_n * v_last, d_n - sub_n * w_last, (sub_n + d_n) - sub_n * yr_last,
            b_n - sub_n * y_last, margin * mag(sub_n * yr_last) - mag(sub_n * w_last),
            -beta * v_first, beta * (one - yr_first), -beta * w_first, -beta * y_first,
            margin * mag(beta * yr_first) - mag(beta * v_first))
-    return tuple(jnp.broadcast_to(v, (P, C, Q)).astype(dtype) for v in out)
+    return tuple(jnp.broadcast_to(v, shape).astype(dtype) for v in out)
 
 
 def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic: bool,
@@ -320,28 +336,28 @@ def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic
     `_native.chunk_solve_pnq`."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
-    C, L = _check_chunk(N, m)
+    C, L = check_chunk(N, m)
     if separators.shape[1] != C:
         raise ValueError(f"expected {C} separators per system, got shape {separators.shape}")
     dtype = b.dtype
     l, d, u = (v.astype(dtype) for v in (l, d, u))
-    alpha, _, omega, _ = _couplings(l, u, N=N, C=C, m=m, transposed=transposed,
+    alpha, _, omega, _ = couplings(l, u, N=N, C=C, m=m, transposed=transposed,
                                     periodic=periodic)
     right = jnp.broadcast_to(separators.astype(dtype), (P, C, separators.shape[2]))
     previous = lax.concatenate([lax.slice_in_dim(right, C - 1, C, axis=1),
                                 lax.slice_in_dim(right, 0, C - 1, axis=1)], 1)
-    left = _first_chunk_zero(previous, periodic)
+    left = first_chunk_zero(previous, periodic)
 
     bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
                         pivoting=pivoting)
-    bv = _view(b, P, N, C, m, fill=0, rows=True)
+    bv = chunk_view(b, P, N, C, m, fill=0, rows=True)
     zero = jnp.zeros((), dtype)
     first = lax.broadcasted_iota(np.int32, (1, m, 1), 1) == 0
     last = _row_mask(P, C, m, m - 2, L - 2)
     # The native kernel's end rows: b[0] - alpha x_left, then b[n-1] - omega x_right (both on
     # row 0 when n = 1); other rows unchanged (b - 0 - 0 == b).
-    r = (bv - jnp.where(first, _per_chunk_view(alpha * left, P), zero)
-         - jnp.where(last, _per_chunk_view(omega * right, P), zero))
+    r = (bv - jnp.where(first, per_chunk_view(alpha * left, P), zero)
+         - jnp.where(last, per_chunk_view(omega * right, P), zero))
     x = solve(*bands, r, transposed=transposed, out_dtype=dtype,
               kind="pivoted" if pivoting else "thomas", tiling=tiling)
     # The separator rows hold whatever the kernel made of them: overwritten (in place).
@@ -407,8 +423,8 @@ def recurrence_ends_pnq(recurrence, a, x, *, reverse: bool, shifted: bool, chunk
     C, L = _count(T, m)
     # Padding steps before the real ones in scan order, with x = 0: the state stays zero.
     at = "end" if reverse else "front"
-    av = _view(a, P, T, C, m, at=at, fill=0)
-    xv = _view(x, P, T, C, m, at=at, fill=0, rows=C * m != T)
+    av = chunk_view(a, P, T, C, m, at=at, fill=0)
+    xv = chunk_view(x, P, T, C, m, at=at, fill=0, rows=C * m != T)
     final = recurrence(av, xv, jnp.zeros((1, 1, 1), dtype), reverse=reverse, shifted=shifted,
                        activation=None, final_only=True, out_dtype=dtype, tiling=tiling)
     final = _as_chunks(final, C)[:, :, 0]
@@ -452,14 +468,14 @@ def recurrence_pnq(recurrence, a, x, h0, *, reverse: bool, shifted: bool, activa
         # The plain kernel gives each chunk's first step a zero coefficient; the neighbour's
         # term c_first * h0 joins that step's x instead, and the entering state is unused.
         carry = _first_coefficients(a, T=T, C=C, m=m, reverse=reverse) * h0
-        xv = _view(x, P, T, C, m, at=at, fill=0, rows=True)
+        xv = chunk_view(x, P, T, C, m, at=at, fill=0, rows=True)
         first = lax.broadcasted_iota(np.int32, (1, m, 1), 1) == (m - 1 if reverse else 0)
-        xv = xv + jnp.where(first, _per_chunk_view(carry, P), jnp.zeros((), cdt))
+        xv = xv + jnp.where(first, per_chunk_view(carry, P), jnp.zeros((), cdt))
         h0v = jnp.zeros((1, 1, 1), cdt)
     if xv is None:
-        xv = _view(x, P, T, C, m, at=at, fill=0)
-        h0v = _per_chunk_view(h0, P)
-    av = _view(a, P, T, C, m, at=at, fill=0)
+        xv = chunk_view(x, P, T, C, m, at=at, fill=0)
+        h0v = per_chunk_view(h0, P)
+    av = chunk_view(a, P, T, C, m, at=at, fill=0)
     h = recurrence(av, xv, h0v, reverse=reverse, shifted=kernel_shifted, activation=activation,
                    final_only=False, out_dtype=out_dtype, tiling=tiling)
     h = jnp.broadcast_to(h, (P * C, m, Q)).reshape(P, C * m, Q)

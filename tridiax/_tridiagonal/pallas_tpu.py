@@ -71,11 +71,14 @@ from . import periodic as _periodic
 from .xla import pivot_step
 
 KINDS = ("thomas", "factored", "periodic", "pivoted", "periodic_pivoted")
-# Float32 scratches of N row tiles each kind keeps from its forward sweep for the backward one.
-_WORK = {"thomas": 2, "factored": 2, "periodic": 3, "pivoted": 4, "periodic_pivoted": 5}
+# Float32 scratches of N row tiles each kind keeps from its forward sweep for the backward one
+# ("separated": "thomas" over the partition method's chunks, `solve_pnq(separators=...)`).
+_WORK = {"thomas": 2, "separated": 2, "factored": 2, "periodic": 3, "pivoted": 4,
+         "periodic_pivoted": 5}
 # Row tiles the forward sweep carries across chunks (the periodic kinds' last three: alpha,
 # gamma, beta, which the third phase reads). The backward one carries at most four.
-_CARRY = {"thomas": 3, "factored": 2, "periodic": 7, "pivoted": 7, "periodic_pivoted": 11}
+_CARRY = {"thomas": 3, "separated": 3, "factored": 2, "periodic": 7, "pivoted": 7,
+          "periodic_pivoted": 11}
 
 
 def _carry_tiles(kind: str) -> int:
@@ -105,11 +108,23 @@ def _corners(carry, l_i, d_i, u_i, *, first, last, transposed):
 def _forward_row(kind, transposed, bands, carry, *, first, last):
     """One row of the unpivoted forward sweeps: (the work values stored at this row, the next
     carry). `bands`: this row's (l, d, u, b) tiles; `first`, `last`: whether it is row 0
-    (N-1)."""
-    l_i, d_i, u_i, b_i = bands
+    (N-1).
+
+    "separated" (a chunk of the partition method's last sweep, `bands` followed by two tiles:
+    its first row's coupling times the previous separator, and its own separator): that term
+    moves to row 0's right-hand side, and the last row, the separator, becomes an identity row
+    holding the separator's value, so that the rows above it see it through their coupling
+    (c'[N-2], formed at that row from the band as in "thomas")."""
+    l_i, d_i, u_i, b_i = bands[:4]
+    separated = kind == "separated"
+    if separated:
+        left, right = bands[4:]
+        b_i = select(first, b_i - left, select(last, right, b_i))
+        d_i = select(last, 1.0, d_i)
+        kind = "thomas"
     u_prev = carry[{"thomas": 2, "factored": 1, "periodic": 3}[kind]]  # u[i-1]
     numerator, a = (l_i, u_prev) if transposed else (u_prev, l_i)
-    a = select(first, 0.0, a)
+    a = select(jnp.logical_or(first, last) if separated else first, 0.0, a)
     if kind == "factored":
         y_prev = carry[0]
         y = b_i - a * y_prev
@@ -286,11 +301,12 @@ def _initial_carry(g, kind):
 
 
 def _kernel(*refs, g, ops, kind, transposed, direct_out, parts):
-    """Refs: the bands' blocks (l, d, u, b), x's block, the work scratches (`_WORK`), the
-    carry (`_CARRY` row tiles), the stages of staged operands; of each operand, output and
-    scratch its `parts` (2: complex values' real and imaginary parts, one after the other)."""
+    """Refs: the operands' blocks (l, d, u, b; "separated": and its two tiles), x's block, the
+    work scratches (`_WORK`), the carry (`_CARRY` row tiles), the stages of staged operands;
+    of each operand, output and scratch its `parts` (2: complex values' real and imaginary
+    parts, one after the other)."""
     n_work = _WORK[kind]
-    band_refs, refs = refs[:4 * parts], refs[4 * parts:]
+    band_refs, refs = refs[:len(ops) * parts], refs[len(ops) * parts:]
     x_refs, refs = refs[:parts], refs[parts:]
     work_refs, (carry_ref, *stages) = refs[:n_work * parts], refs[n_work * parts:]
     C = g.chunks
@@ -729,24 +745,37 @@ def _xla_loop(l, d, u, b, *, transposed, out_dtype, kind):
     return jnp.moveaxis(x.astype(out_dtype).reshape(P, Q, N), 2, 1)
 
 
-def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", interpret=None):
+def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", interpret=None,
+              separators=None):
     """Solve along axis 1 of (P|1, N|1, Q|1) operands; returns (P, N, Q) of `out_dtype`.
     `kind`: one of KINDS (module docstring; the periodic kinds need N >= 3). `interpret`: Pallas's
     interpret mode (`pltpu.InterpretParams`, or True) to run on CPU. Systems too long for
-    VMEM (`fits`) stream their work rows through HBM (`_streamed_solve`)."""
+    VMEM (`fits`) stream their work rows through HBM (`_streamed_solve`).
+
+    `separators`: (left, right), two (P|1, 1, Q|1) arrays, makes a "thomas" solve the
+    partition method's last sweep over chunks as systems (`_forward_row`, "separated"): row 0's
+    right-hand side less `left`, the last row x = `right`. Only in one launch: None where
+    the systems do not fit VMEM (`fits`)."""
     if kind not in KINDS:
         raise ValueError(f"the Pallas TPU solve has no kind {kind!r}; kinds: {KINDS}")
-    P, N, Q = broadcast_shape(l, d, u, b)
+    operands = (l, d, u, b)
+    if separators is not None:
+        if kind != "thomas":
+            raise ValueError(f"separators are for the 'thomas' kind, not {kind!r}")
+        kind, operands = "separated", operands + tuple(separators)
+    P, N, Q = broadcast_shape(*operands)
     out_dtype = jnp.dtype(out_dtype)
     budget = _tpu.vmem()
-    g = _plan(P, N, Q, (l, d, u, b), out_dtype, kind=kind, budget=budget.budget)
+    g = _plan(P, N, Q, operands, out_dtype, kind=kind, budget=budget.budget)
     if g is None:
+        if separators is not None:
+            return None
         return _streamed_solve(l, d, u, b, kind=kind, transposed=transposed, out_dtype=out_dtype,
                                budget=budget, interpret=interpret)
     parts, part_dtype = _tpu.split_dtype(out_dtype)
     complex_ = parts == 2
     prepared = [[_tpu.prepare(g, part) for part in _tpu.parts_of(v, complex_)]
-                for v in (l, d, u, b)]
+                for v in operands]
     ops = [pieces[0][1] for pieces in prepared]
     direct_out = not _tpu.staged(g, part_dtype)
     C = g.chunks
