@@ -49,9 +49,10 @@ from .dtypes import compute_dtype
 # (`_chunked.solve_any`).
 CHUNKED_KINDS = ("thomas", "periodic", "pivoted")
 # Backends whose long systems the planner splits on its own: the native kernel's fused chunk
-# sweeps, and on GPUs and TPUs the sweeps composed around the plain Pallas kernels
-# (`_long_systems/composed_chunks.py`; compiled for sm_90a and a TPU v5e by tests/gpu/ and
-# tests/tpu/, not yet timed on either). Every backend runs a chunk the user asks for.
+# sweeps, on GPUs the sweeps composed around the plain Pallas kernels
+# (`_long_systems/composed_chunks.py`), on TPUs kernels of their own where they apply
+# (`_tridiagonal/pallas_tpu_chunks.py`), the composed sweeps elsewhere (compiled for sm_90a
+# and a TPU v5e by tests/gpu/ and tests/tpu/). Every backend runs a chunk the user asks for.
 TPU_BACKENDS = ("pallas_tpu", "pallas_tpu_interpret")
 CHUNKED_BACKENDS = ("native", "pallas_triton", *TPU_BACKENDS)
 # Streaming multiprocessors of the GPU the Pallas plan fills (an H100 SXM). Fewer systems
@@ -255,9 +256,9 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         fits = _tpu_thomas.fits(P, N, Q, dtype, kind=kind, budget=_tpu_budget())
         # A row tile of systems or more runs whole: in one kernel where it fits VMEM, else in
         # the two streamed sweeps (their work rows through HBM: 9 array passes, 13 pivoted),
-        # every lane of the tile busy as in chunks, at a third of the bytes of the composed
-        # partition method (sweeps that each write every row) and with no check of pivoted
-        # chunks' answer.
+        # every lane of the tile busy as in chunks, at the bytes of the partition method's own
+        # kernels (9 passes, `_tridiagonal/pallas_tpu_chunks.py`), with one sweep fewer and no
+        # check of pivoted chunks' answer.
         if systems >= TPU_TILE_SYSTEMS or (fits and N < 2 * TPU_MAX_CHUNK // 8):
             return 0
         # The composed sweeps' XLA work on (P, C, m, Q) arrays pads a Q narrower than a tile's
