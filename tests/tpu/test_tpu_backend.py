@@ -20,6 +20,7 @@ from tridiax._block import pallas_tpu as tpu_block
 from tridiax._block.api import solve as block_solve
 from tridiax._core import backend as _backend
 from tridiax._core import planner as _planner
+from tridiax._long_systems import composed_chunks as _composed_chunks
 from tridiax._pallas import tpu as _tpu
 from tridiax._recurrence import pallas_tpu as tpu_recurrence
 from tridiax._recurrence.api import recurrence
@@ -289,6 +290,36 @@ def test_few_long_systems_are_solved_in_chunks(kind):
     got = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend=BACKEND, **options), ops[3])[1](cotangent)
     ref = jax.vjp(lambda b: solve(*ops[:3], b, axis=0, backend="xla", **options), ops[3])[1](cotangent)
     np.testing.assert_allclose(got[0], ref[0], rtol=2e-5, atol=2e-5 * np.abs(ref[0]).max())
+
+
+@pytest.mark.parametrize("periodic", [False, True])
+def test_one_long_system_is_solved_in_chunks_of_a_lane_each(periodic, monkeypatch):
+    """One system of 2048 rows (a 1-D array) in chunks of 128 rows, one a lane, through the
+    partition method's own kernels (never the composed sweeps): against scipy, and the
+    gradients w.r.t. every band against XLA's loop. The planner chunks only the plain kind so
+    (not pivoted or periodic systems, nor lengths that are no multiple of 128); a periodic
+    system in such chunks, asked for, runs the same kernels."""
+    N = 2048
+    assert _planner.solve_chunk(1, N, 1, jnp.float32, kind="thomas", backend=BACKEND, platform="cpu") == 128
+    for kind in ("pivoted", "periodic"):
+        assert _planner.solve_chunk(1, N, 1, jnp.float32, kind=kind, backend=BACKEND, platform="cpu") == 0
+    assert _planner.solve_chunk(1, N + 64, 1, jnp.float32, kind="thomas", backend=BACKEND,
+                                platform="cpu") == 0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the composed sweeps ran")
+
+    monkeypatch.setattr(_composed_chunks, "chunk_ends_pnq", refuse)
+    monkeypatch.setattr(_composed_chunks, "chunk_solve_pnq", refuse)
+    ops = [jnp.asarray(v) for v in _bands((N,), seed=21)]
+    exact = verify.reference_solve(*(np.asarray(v, np.float64) for v in ops), axis=0, periodic=periodic)
+    weights = jnp.asarray(np.random.default_rng(22).uniform(-1, 1, N), jnp.float32)
+
+    def solve_with(backend):  # XLA's loop whole
+        chunk = 128 if periodic and backend == BACKEND else None
+        return functools.partial(solve, axis=0, backend=backend, periodic=periodic, chunk=chunk)
+
+    _like_xla(solve_with, ops, exact, weights)
 
 
 def test_a_row_tile_of_systems_too_long_for_vmem_streams_its_work_rows(monkeypatch):

@@ -323,6 +323,10 @@ ENTRY_POINTS = {
     "solve-few-long-chunked-f32": (_solve(0), [((1000000, 128), "float32")] * 4, 3, ("streamed", 2)),
     "solve-periodic-few-long-chunked-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
                                             [((1000000, 128), "float32")] * 4, 3, ("streamed", 2)),
+    # one system in chunks of 128 rows, one a lane (the (C, 128) view of its 1-D arrays): the
+    # same kernels, the reduced system of 78 125 rows streamed; XLA's slices of the chunks'
+    # end rows read the bands a third time: held to 11 arrays
+    "solve-one-system-chunked-f32": (_solve(0), [((10000000,), "float32")] * 4, 4, ("streamed", 3)),
     # pivoted: U's rows (pivot, two super-diagonals, y') streamed
     "solve-pivoted-longer-than-vmem-f32": (_solve(0, pivoting=True), [((30000, 1024), "float32")] * 4,
                                            2, ("streamed", 4)),

@@ -78,6 +78,9 @@ TPU_MIN_CHUNKED_LANES = 128
 # of a multiple of this many rows make the chunk view (N, Q) -> (C, m, Q) a bitcast, where other
 # lengths make XLA copy every operand into a padded layout.
 TPU_CHUNK_ROWS = 16
+# One system's chunks on a TPU: its 1-D arrays lie in tiles of 1024 values, so their (C, 128)
+# view moves nothing, and the kernels read it as C batch-first systems, one a lane.
+TPU_SYSTEM_CHUNK = 128
 # Shortest chunk worth its boundary work; a system shorter than two of them is never split.
 MIN_CHUNK = 16
 # The widest part of a row one chunk tile reads (bytes): rows up to this long are read whole.
@@ -261,9 +264,17 @@ def solve_chunk(P: int, N: int, Q: int, dtype, *, kind: str, backend: str,
         # check of pivoted chunks' answer.
         if systems >= TPU_TILE_SYSTEMS or (fits and N < 2 * TPU_MAX_CHUNK // 8):
             return 0
+        # One system goes in chunks of TPU_SYSTEM_CHUNK rows, one chunk a lane: the (C, 128)
+        # view of its 1-D arrays is how a TPU stores them, and the partition method's own
+        # kernels take it (`_tridiagonal/pallas_tpu_chunks.py`: unpivoted, m dividing N).
+        # Not periodic systems: XLA lays the (1, C, 1) arrays of their periodic reduced system
+        # out row-major, each padded to 128 lanes ("tpu_one_periodic_system_whole").
+        if (P == Q == 1 and kind == "thomas" and N % TPU_SYSTEM_CHUNK == 0
+                and valid_chunk(N, TPU_SYSTEM_CHUNK) == TPU_SYSTEM_CHUNK):
+            return TPU_SYSTEM_CHUNK
         # The composed sweeps' XLA work on (P, C, m, Q) arrays pads a Q narrower than a tile's
         # 128 lanes to 128 ("tpu_chunks_need_lanes"): such systems run whole (streamed when
-        # too long for VMEM).
+        # too long for VMEM); batch-first ones' chunk view would be a copy of every operand.
         if Q < TPU_MIN_CHUNKED_LANES:
             return 0
         target = int(np.clip(N * systems // TPU_LANES, 2 * MIN_CHUNK, TPU_MAX_CHUNK))

@@ -21,8 +21,13 @@ two dimensions), and each reads the bands and b once:
   to its right-hand side and the separator row becomes an identity row holding the separator,
   so x is written once, separators included, and no band or b is copied.
 
+The couplings and separator rows the reduced system needs are sliced from the chunk views
+(`_ends_of_chunks`): one system's view is the (C, m) array whose columns XLA slices, where
+strided slices of its (1, N, 1) rows would make XLA lay the arrays out again.
+
 Memory traffic: the four inputs read twice and x written once, 9 passes over an array
-against the floor's 5 (the composed sweeps: 30 on a TPU). Both fall back to the composed
+against the floor's 5 (the composed sweeps: 30 on a TPU); one system's column slices read
+the bands once more. Both fall back to the composed
 sweeps where they do not apply: pivoted solves (their chunks pivot, `solve_any` checks the
 answer), a padded last chunk (m not dividing N) and chunks too long for one launch of the
 solve kernel.
@@ -127,6 +132,42 @@ def _views(operands, P, N, C, m):
     return [_composed.chunk_view(v, P, N, C, m) for v in operands]
 
 
+def _row_of_chunks(view, row: int, P: int, C: int):
+    """Row `row` of every chunk of a chunk view (P*C|1, m|1, q): (P|1, C, q). Sliced from
+    the view (one system's as the 2D (C, m) array the kernels read): a strided slice of the
+    (P, N, Q) rows would make XLA lay a (1, N, 1) array out again, row by row."""
+    n, m, q = view.shape
+    if m == 1:
+        row = 0
+    values = view.reshape(n, m)[:, row, None] if q == 1 else view[:, row]
+    if n == 1:
+        return jnp.broadcast_to(values[None], (1, C, q))
+    return values.reshape(n // C, C, q)
+
+
+def _ends_of_chunks(views, *, P: int, C: int, transposed: bool, periodic: bool):
+    """What the reduced system takes from the chunks' end rows, each (P|1, C, Q|1): the
+    couplings alpha (row 0 to the previous separator), beta (the previous separator to row 0;
+    both zero for chunk 0 unless periodic, where the previous is the last) and omega (the
+    last interior row to the separator), and the separator rows' (sub, d, b)."""
+    lv, dv, uv, bv = views
+    m = max(v.shape[1] for v in views)
+
+    def at(view, row):
+        return _row_of_chunks(view, row, P, C)
+
+    def previous(v):  # the previous chunk's value; chunk 0's, the last's or zero
+        return _composed.first_chunk_zero(jnp.roll(v, 1, axis=1), periodic)
+
+    first_lower, separator_upper = at(lv, 0), previous(at(uv, m - 1))
+    first_lower = _composed.first_chunk_zero(first_lower, periodic)
+    alpha, beta = ((separator_upper, first_lower) if transposed
+                   else (first_lower, separator_upper))
+    omega = at(lv, m - 1) if transposed else at(uv, m - 2)
+    sub = at(uv, m - 2) if transposed else at(lv, m - 1)
+    return alpha, beta, omega, (sub, at(dv, m - 1), at(bv, m - 1))
+
+
 def _end_values(l, d, u, b, alpha, *, transposed, out_dtype, interpret):
     """The ends (`_ENDS`) of every chunk of the chunk view's systems (P*C|1, m, Q|1) in
     out_dtype, each (P*C, 1, Q)."""
@@ -180,24 +221,22 @@ def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, 
     composed sweep, which runs where these kernels do not apply (module docstring)."""
     shape = None if pivoting else _chunk_shape(l, d, u, b, chunk)
     ends = None
+    dtype = b.dtype
     if shape is not None:
         P, N, Q, C, m = shape
-        alpha, beta, omega, seps = _composed.couplings(l, u, N=N, C=C, m=m, transposed=transposed,
-                                                       periodic=periodic)
-        ends = _end_values(*_views((l, d, u, b), P, N, C, m),
-                           _composed.per_chunk_view(alpha.astype(b.dtype), P),
-                           transposed=transposed, out_dtype=b.dtype, interpret=interpret)
+        views = _views((l, d, u, b), P, N, C, m)
+        alpha, beta, omega, separator = jax.tree.map(
+            lambda v: v.astype(dtype),
+            _ends_of_chunks(views, P=P, C=C, transposed=transposed, periodic=periodic))
+        ends = _end_values(*views, _composed.per_chunk_view(alpha, P), transposed=transposed,
+                           out_dtype=dtype, interpret=interpret)
     if ends is None:
         return composed(l, d, u, b, transposed=transposed, periodic=periodic, chunk=chunk,
                         tiling=tiling, pivoting=pivoting)
     y, v1, wn, yr = ((ends[n].reshape(P, C, Q), ends[n + 1].reshape(P, C, Q))
                      for n in range(0, len(_ENDS), 2))
-    dtype = b.dtype
-    separator = [v.astype(dtype) for v in
-                 _composed.separator_rows(l, d, u, b, seps, transposed=transposed)]
-    return _composed.reduced_rows(y, v1, wn, yr, separator=separator, alpha=alpha.astype(dtype),
-                                  beta=beta.astype(dtype), omega=omega.astype(dtype),
-                                  shape=(P, C, Q), dtype=dtype)
+    return _composed.reduced_rows(y, v1, wn, yr, separator=separator, alpha=alpha, beta=beta,
+                                  omega=omega, shape=(P, C, Q), dtype=dtype)
 
 
 def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool, chunk: int,
@@ -212,12 +251,12 @@ def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool,
         if separators.shape[1] != C:
             raise ValueError(f"expected {C} separators per system, got shape {separators.shape}")
         dtype = b.dtype
-        alpha, _, _, _ = _composed.couplings(l, u, N=N, C=C, m=m, transposed=transposed,
-                                             periodic=periodic)
+        views = _views((l, d, u, b), P, N, C, m)
+        alpha = _ends_of_chunks(views, P=P, C=C, transposed=transposed, periodic=periodic)[0]
         right = jnp.broadcast_to(separators.astype(dtype), (P, C, separators.shape[2]))
         previous = jnp.roll(right, 1, axis=1)  # chunk 0's: the last (periodic systems)
         left = alpha.astype(dtype) * _composed.first_chunk_zero(previous, periodic)
-        x = _thomas.solve_pnq(*_views((l, d, u, b), P, N, C, m), transposed=transposed,
+        x = _thomas.solve_pnq(*views, transposed=transposed,
                               out_dtype=dtype, interpret=interpret,
                               separators=[_composed.per_chunk_view(v, P) for v in (left, right)])
     if x is None:
