@@ -18,6 +18,7 @@ from tridiax._core.backend import Kernels
 from tridiax._long_systems import chunked as _chunked
 from tridiax._long_systems import composed_chunks as _composed
 from tridiax._pallas import tpu as _tpu
+from tridiax._tridiagonal import pallas_tpu as tpu_thomas
 from tridiax._tridiagonal import pallas_tpu_chunks as tpu_chunks
 from tridiax._tridiagonal import xla as _xla
 
@@ -178,3 +179,31 @@ def test_pivoted_and_padded_chunks_run_the_composed_sweeps():
     with pytest.raises(ValueError, match="separators"):
         tpu_chunks.chunk_solve_pnq(*bands, jnp.zeros((1, 4, 130), F32), transposed=False,
                                    periodic=False, chunk=8, interpret=interpret, composed=composed)
+
+
+def test_chunks_too_long_for_one_launch_of_the_solve_run_the_composed_solve(monkeypatch):
+    """In a VMEM budget that holds the ends sweep (which keeps no rows) but not a chunk's work
+    rows, the last sweep is the composed one (`solve_pnq(separators=...)` returns None rather
+    than streaming), and its answer is the kernels' own to rounding; separators are for the
+    plain kind only."""
+    rng = np.random.default_rng(4)
+    bands = [jnp.asarray(v, F32) for v in _dominant(rng, _full(1, 512, 130), F32)]
+    separators = jnp.asarray(_draw(rng, (1, 2, 130), F32), F32)
+    flags = dict(transposed=True, periodic=False, chunk=256, tiling=None)
+    ends, solve = _kernel_sweeps()
+    want = solve(*bands, separators, **flags)
+    monkeypatch.setattr(_tpu, "VMEM_BUDGET", 768 << 10)
+    calls = []
+
+    def composed(*args, **kwargs):
+        calls.append(kwargs["chunk"])
+        return _reference_solve(*args, **kwargs)
+
+    ends(*bands, **flags)  # refuses the composed sweep: it fits
+    got = tpu_chunks.chunk_solve_pnq(*bands, separators, **flags, interpret=_tpu.interpret_params(),
+                                     composed=composed)
+    assert calls == [256]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+    with pytest.raises(ValueError, match="'thomas' kind"):
+        tpu_thomas.solve_pnq(*bands, transposed=False, out_dtype=F32, kind="periodic",
+                             separators=[separators[:, :1]] * 2)
