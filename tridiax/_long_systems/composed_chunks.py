@@ -113,7 +113,7 @@ def _unpad(v: Array, N: int, C: int, m: int, at: str) -> Array:
 
 
 def chunk_view(v: Array, P: int, N: int, C: int, m: int, *, at: str = "end", fill=0,
-          rows: bool = False) -> Array:
+               rows: bool = False) -> Array:
     """(p, n, q) operand (p in {1, P}, n in {1, N}) as its chunk view (P*C|1, m|1, q).
 
     An operand broadcast along N keeps size 1 there (unless `rows`: then it is materialised, as
@@ -181,7 +181,7 @@ def first_chunk_zero(v: Array, keep: bool) -> Array:
 # Solves.
 
 
-def check_chunk(N: int, m: int) -> tuple[int, int]:
+def _check_chunk(N: int, m: int) -> tuple[int, int]:
     C, L = _count(N, m)
     if m < 2 or L < 2:
         raise ValueError(f"every chunk needs >= 2 rows: chunk={m} does not fit N={N} "
@@ -223,7 +223,7 @@ def _band_views(l, d, u, *, P: int, N: int, C: int, m: int, L: int, transposed: 
     return lv, dv, uv
 
 
-def couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool):
+def _couplings(l, u, *, N: int, C: int, m: int, transposed: bool, periodic: bool):
     """Per chunk (p, C, q): alpha (row 0's coupling to the previous separator), beta (the
     previous separator's coupling to row 0), zero for chunk 0 unless periodic, and omega."""
     starts = np.arange(C) * m
@@ -267,18 +267,18 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
     `stack=False` always runs four sweeps (see `composed`)."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
-    C, L = check_chunk(N, m)
+    C, L = _check_chunk(N, m)
     dtype = b.dtype
     l, d, u = (v.astype(dtype) for v in (l, d, u))
-    alpha, beta, omega, seps = couplings(l, u, N=N, C=C, m=m, transposed=transposed,
+    alpha, beta, omega, seps = _couplings(l, u, N=N, C=C, m=m, transposed=transposed,
                                           periodic=periodic)
-    separator = separator_rows(l, d, u, b, seps, transposed=transposed)
+    separator = _separator_rows(l, d, u, b, seps, transposed=transposed)
 
     bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
                         pivoting=pivoting)
     bv = chunk_view(b, P, N, C, m, fill=0)
-    rv = chunk_view(_row_sums(l, d, u, N=N, transposed=transposed, periodic=periodic), P, N, C, m,
-               fill=0)
+    rv = chunk_view(_row_sums(l, d, u, N=N, transposed=transposed, periodic=periodic), P, N, C,
+                    m, fill=0)
     rows = lax.broadcasted_iota(np.int32, (1, m, 1), 1)
     e_first = (rows == 0).astype(dtype)
     e_last = _row_mask(P, C, m, m - 2, L - 2).astype(dtype)
@@ -304,7 +304,7 @@ def chunk_ends_pnq(solve, l, d, u, b, *, transposed: bool, periodic: bool, chunk
                         shape=(P, C, Q), dtype=dtype)
 
 
-def separator_rows(l, d, u, b, seps, *, transposed: bool):
+def _separator_rows(l, d, u, b, seps, *, transposed: bool):
     """(sub, d, b) of the separator rows `seps`, each (p, C, q): what the reduced system takes
     from them besides the chunks' ends."""
     sub_n = rows_at(u, seps - 1) if transposed else rows_at(l, seps)
@@ -315,7 +315,7 @@ def reduced_rows(y, v1, wn, yr, *, separator, alpha, beta, omega, shape, dtype):
     """The ten (P, C, Q) arrays of `_native.chunk_ends_pnq` (chunks.cc, `Mode`) from each chunk's
     interior solutions at its first and last interior rows, a (first, last) pair each: y =
     T^{-1} b, v1 = T^{-1} e_1, wn = T^{-1} e_n (unscaled by alpha and omega), yr = T^{-1} r
-    (r: the rows' sums, `_long_systems/chunked.py`); `separator`: `separator_rows`."""
+    (r: the rows' sums, `_long_systems/chunked.py`); `separator`: `_separator_rows`."""
     sub_n, d_n, b_n = separator
     (y_first, y_last), (yr_first, yr_last) = y, yr
     v_first, v_last = (alpha * v for v in v1)
@@ -336,12 +336,12 @@ def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic
     `_native.chunk_solve_pnq`."""
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
-    C, L = check_chunk(N, m)
+    C, L = _check_chunk(N, m)
     if separators.shape[1] != C:
         raise ValueError(f"expected {C} separators per system, got shape {separators.shape}")
     dtype = b.dtype
     l, d, u = (v.astype(dtype) for v in (l, d, u))
-    alpha, _, omega, _ = couplings(l, u, N=N, C=C, m=m, transposed=transposed,
+    alpha, _, omega, _ = _couplings(l, u, N=N, C=C, m=m, transposed=transposed,
                                     periodic=periodic)
     right = jnp.broadcast_to(separators.astype(dtype), (P, C, separators.shape[2]))
     previous = lax.concatenate([lax.slice_in_dim(right, C - 1, C, axis=1),
