@@ -177,6 +177,21 @@ def first_chunk_zero(v: Array, keep: bool) -> Array:
     return jnp.where(c == 0, jnp.zeros((), v.dtype), v)
 
 
+def previous_chunk(v: Array, periodic: bool) -> Array:
+    """(p, C, q) values of the chunk before each: chunk 0 gets the last chunk's when
+    `periodic` (its previous separator is row N-1), zero otherwise."""
+    return first_chunk_zero(jnp.roll(v, 1, axis=1), periodic)
+
+
+def separators_around(separators: Array, *, P: int, C: int, periodic: bool, dtype):
+    """(left, right), each (P, C, q) in `dtype`: the separators before and after every chunk's
+    interior (`previous_chunk` of its own), from the reduced system's (P|1, C, q) answer."""
+    if separators.shape[1] != C:
+        raise ValueError(f"expected {C} separators per system, got shape {separators.shape}")
+    right = jnp.broadcast_to(separators.astype(dtype), (P, C, separators.shape[2]))
+    return previous_chunk(right, periodic), right
+
+
 # ---------------------------------------------------------------------------------------------
 # Solves.
 
@@ -337,16 +352,11 @@ def chunk_solve_pnq(solve, l, d, u, b, separators, *, transposed: bool, periodic
     P, N, Q = broadcast_shape(l, d, u, b)
     m = int(chunk)
     C, L = _check_chunk(N, m)
-    if separators.shape[1] != C:
-        raise ValueError(f"expected {C} separators per system, got shape {separators.shape}")
     dtype = b.dtype
+    left, right = separators_around(separators, P=P, C=C, periodic=periodic, dtype=dtype)
     l, d, u = (v.astype(dtype) for v in (l, d, u))
     alpha, _, omega, _ = _couplings(l, u, N=N, C=C, m=m, transposed=transposed,
                                     periodic=periodic)
-    right = jnp.broadcast_to(separators.astype(dtype), (P, C, separators.shape[2]))
-    previous = lax.concatenate([lax.slice_in_dim(right, C - 1, C, axis=1),
-                                lax.slice_in_dim(right, 0, C - 1, axis=1)], 1)
-    left = first_chunk_zero(previous, periodic)
 
     bands = _band_views(l, d, u, P=P, N=N, C=C, m=m, L=L, transposed=transposed,
                         pivoting=pivoting)

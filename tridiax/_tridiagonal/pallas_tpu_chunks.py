@@ -156,10 +156,8 @@ def _ends_of_chunks(views, *, P: int, C: int, transposed: bool, periodic: bool):
     def at(view, row):
         return _row_of_chunks(view, row, P, C)
 
-    def previous(v):  # the previous chunk's value; chunk 0's, the last's or zero
-        return _composed.first_chunk_zero(jnp.roll(v, 1, axis=1), periodic)
-
-    first_lower, separator_upper = at(lv, 0), previous(at(uv, m - 1))
+    first_lower = at(lv, 0)
+    separator_upper = _composed.previous_chunk(at(uv, m - 1), periodic)
     first_lower = _composed.first_chunk_zero(first_lower, periodic)
     alpha, beta = ((separator_upper, first_lower) if transposed
                    else (first_lower, separator_upper))
@@ -248,17 +246,14 @@ def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool,
     x = None
     if shape is not None:
         P, N, Q, C, m = shape
-        if separators.shape[1] != C:
-            raise ValueError(f"expected {C} separators per system, got shape {separators.shape}")
         dtype = b.dtype
+        left, right = _composed.separators_around(separators, P=P, C=C, periodic=periodic,
+                                                  dtype=dtype)
         views = _views((l, d, u, b), P, N, C, m)
         alpha = _ends_of_chunks(views, P=P, C=C, transposed=transposed, periodic=periodic)[0]
-        right = jnp.broadcast_to(separators.astype(dtype), (P, C, separators.shape[2]))
-        previous = jnp.roll(right, 1, axis=1)  # chunk 0's: the last (periodic systems)
-        left = alpha.astype(dtype) * _composed.first_chunk_zero(previous, periodic)
-        x = _thomas.solve_pnq(*views, transposed=transposed,
-                              out_dtype=dtype, interpret=interpret,
-                              separators=[_composed.per_chunk_view(v, P) for v in (left, right)])
+        x = _thomas.solve_pnq(*views, transposed=transposed, out_dtype=dtype, interpret=interpret,
+                              separators=[_composed.per_chunk_view(v, P)
+                                          for v in (alpha.astype(dtype) * left, right)])
     if x is None:
         return composed(l, d, u, b, separators, transposed=transposed, periodic=periodic,
                         chunk=chunk, tiling=tiling, pivoting=pivoting)
