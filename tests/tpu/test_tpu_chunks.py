@@ -118,6 +118,28 @@ def test_both_sweeps_match_the_composed_ones(case):
         np.testing.assert_allclose(np.asarray(got), want, rtol=rtol, atol=rtol * scale, err_msg=name)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("shape, m", [((1, 48, 130), 16), ((3, 64, 1), 32)], ids=["lanes", "one-lane"])
+def test_the_entries_outside_the_matrix_may_hold_anything(shape, m, transposed):
+    """l[0] and u[N-1] lie outside the matrix: infinite and NaN there, both sweeps give what
+    they give with zeros (the first chunk's row 0 reads its l[0] in the kernels, and the last
+    chunk's separator row its u)."""
+    rng = np.random.default_rng(7)
+    l, d, u, b = (np.asarray(v, F32) for v in _dominant(rng, _full(*shape), F32))
+    l[:, 0], u[:, -1] = 0.0, 0.0
+    wild_l, wild_u = l.copy(), u.copy()
+    wild_l[:, 0], wild_u[:, -1] = np.inf, np.nan
+    separators = jnp.asarray(_draw(rng, (shape[0], shape[1] // m, shape[2]), F32), F32)
+    flags = dict(transposed=transposed, periodic=False, chunk=m, tiling=None)
+    ends, solve = _kernel_sweeps()
+    for want, got in ((ends(l, d, u, b, **flags), ends(wild_l, d, wild_u, b, **flags)),
+                      ((solve(l, d, u, b, separators, **flags),),
+                       (solve(wild_l, d, wild_u, b, separators, **flags),))):
+        for w, g in zip(want, got, strict=True):
+            assert np.all(np.isfinite(np.asarray(g)))
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 # The most that the chunked answer's error may exceed the float32 sequential sweep's (both
 # against the sweep in float64), as tests/tridiagonal/test_accuracy.py holds every backend.
 SWEEP_FACTOR = 4.0

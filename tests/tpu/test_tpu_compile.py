@@ -324,9 +324,12 @@ ENTRY_POINTS = {
     "solve-periodic-few-long-chunked-f32": (lambda *a: tridiax.solve_periodic_tridiagonal(*a, axis=0),
                                             [((1000000, 128), "float32")] * 4, 3, ("streamed", 2)),
     # one system in chunks of 128 rows, one a lane (the (C, 128) view of its 1-D arrays): the
-    # same kernels, the reduced system of 78 125 rows streamed; XLA's slices of the chunks'
-    # end rows read the bands a third time: held to 11 arrays
-    "solve-one-system-chunked-f32": (_solve(0), [((10000000,), "float32")] * 4, 4, ("streamed", 3)),
+    # same kernels, the reduced system of 78 125 rows streamed, the chunks' end rows written
+    # by the first kernel (XLA's slices of them would read the bands again): 9 arrays; its
+    # gradient: two such solves, a transposed one slicing its chunks' first couplings
+    "solve-one-system-chunked-f32": (_solve(0), [((10000000,), "float32")] * 4, 4, ("streamed", 2)),
+    "grad-solve-one-system-chunked-f32": (_grad(_solve(0), (0, 1, 2, 3)), [((10000000,), "float32")] * 4,
+                                          8, ("streamed", 4)),
     # pivoted: U's rows (pivot, two super-diagonals, y') streamed
     "solve-pivoted-longer-than-vmem-f32": (_solve(0, pivoting=True), [((30000, 1024), "float32")] * 4,
                                            2, ("streamed", 4)),
@@ -371,14 +374,15 @@ def _bytes(specs) -> int:
 
 def _floor(name) -> int:
     """`_floor_of` the entry point; a streamed solve's counts its work arrays (float32, the
-    solution's shape) written by the forward sweep and read by the back substitution: no
-    solve of systems longer than VMEM moves less (chunks re-read the bands instead)."""
+    solution's shape; a gradient's: a gradient's) written by the forward sweep and read by the
+    back substitution: no solve of systems longer than VMEM moves less (chunks re-read the
+    bands instead)."""
     fn, specs, _, held = ENTRY_POINTS[name]
     floor = _floor_of(fn, specs, gradient=name.startswith("grad-"))
     if isinstance(held, tuple):
         _, work = held
-        x = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d in specs])
-        floor += 2 * work * x.size * 4
+        out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(s, d) for s, d in specs])
+        floor += 2 * work * max(x.size for x in jax.tree.leaves(out)) * 4
     return floor
 
 

@@ -497,11 +497,12 @@ class CarryTiles:
         return SplitComplex(self.ref[2 * n], self.ref[2 * n + 1])
 
     def set(self, n, value):
+        dtype = self.ref.dtype  # a row of a narrower band (bfloat16) stores widened
         if self.parts == 1:
-            self.ref[n] = value
+            self.ref[n] = jnp.asarray(value, dtype)
         else:
             value = as_split(value)
-            self.ref[2 * n], self.ref[2 * n + 1] = value.re, value.im
+            self.ref[2 * n], self.ref[2 * n + 1] = jnp.asarray(value.re, dtype), jnp.asarray(value.im, dtype)
 
     def load(self, count):
         return tuple(self.get(n) for n in range(count))

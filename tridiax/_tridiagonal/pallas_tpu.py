@@ -65,7 +65,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
-from .._core.split_complex import SplitComplex, as_split, select, zeros_like
+from .._core.split_complex import SplitComplex, as_split, magnitude, select, zeros_like
 from .._pallas import tpu as _tpu
 from . import periodic as _periodic
 from .xla import pivot_step
@@ -111,14 +111,19 @@ def _forward_row(kind, transposed, bands, carry, *, first, last):
     (N-1).
 
     "separated" (a chunk of the partition method's last sweep, `bands` followed by two tiles:
-    its first row's coupling times the previous separator, and its own separator): that term
-    moves to row 0's right-hand side, and the last row, the separator, becomes an identity row
+    the previous separator, and its own separator): row 0's coupling to the previous separator
+    moves to its right-hand side, and the last row, the separator, becomes an identity row
     holding the separator's value, so that the rows above it see it through their coupling
-    (c'[N-2], formed at that row from the band as in "thomas")."""
+    (c'[N-2], formed at that row from the band as in "thomas"). Row 0's coupling is its own
+    l[0], unless `transposed`: then it is the previous chunk's u at its separator row, which
+    this chunk does not read, so the first tile comes multiplied by it. A previous separator of
+    zero (the first chunk's, not periodic) adds nothing, whatever l[0] holds."""
     l_i, d_i, u_i, b_i = bands[:4]
     separated = kind == "separated"
     if separated:
         left, right = bands[4:]
+        if not transposed:
+            left = select(magnitude(left) == 0, 0.0, l_i * left)
         b_i = select(first, b_i - left, select(last, right, b_i))
         d_i = select(last, 1.0, d_i)
         kind = "thomas"
@@ -754,8 +759,9 @@ def solve_pnq(l, d, u, b, *, transposed: bool, out_dtype, kind: str = "thomas", 
 
     `separators`: (left, right), two (P|1, 1, Q|1) arrays, makes a "thomas" solve the
     partition method's last sweep over chunks as systems (`_forward_row`, "separated"): row 0's
-    right-hand side less `left`, the last row x = `right`. Only in one launch: None where
-    the systems do not fit VMEM (`fits`)."""
+    right-hand side less l[0] * `left` (`transposed`: less `left`, row 0's coupling already
+    in it), the last row x = `right`. Only in one launch: None where the systems do not fit
+    VMEM (`fits`)."""
     if kind not in KINDS:
         raise ValueError(f"the Pallas TPU solve has no kind {kind!r}; kinds: {KINDS}")
     operands = (l, d, u, b)

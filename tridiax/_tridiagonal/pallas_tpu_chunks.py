@@ -8,29 +8,31 @@ two dimensions), and each reads the bands and b once:
 
 - `chunk_ends_pnq`: one forward elimination of every chunk's interior (rows 0..n-1, n = m-1;
   the last row is the separator) for y' = b, v' = e_1 and yr' = r (the rows' sums, formed in
-  the kernel from the bands, row 0's coupling alpha a tile per chunk), writing only eight row
+  the kernel from the bands and row 0's coupling, `_first_coupling`), writing only eight row
   tiles per chunk: at the last interior row, y' and v' and yr' are the solutions themselves
   (x[n-1] = y'[n-1] once the separator's coupling omega is left out) and T^{-1} e_n is
   1 / p[n-1]; at row 0 the solutions are sums over the rows, x[0] = sum_k w[k] y'[k] with
   w[0] = 1, w[k] = -c'[k-1] w[k-1], compensated as the streamed periodic solve sums them
   (`pallas_tpu._first_row_sums`), and T^{-1} e_n's is w[n-1] / p[n-1]. yr' runs one row
   behind: its right-hand side at row k needs sup[k], which a transposed solve reads at row
-  k+1 (l[k+1]).
+  k+1 (l[k+1]). It also writes the band values the reduced system takes from each chunk's end
+  rows (`_BAND_ENDS`), which XLA would otherwise slice from the bands: one system's (C, m)
+  view is tiled with its chunks along lanes, and a column slice of it reads every tile.
 - `chunk_solve_pnq`: the "thomas" solve kernel over the chunk view with each chunk's ends known
   (`pallas_tpu.solve_pnq(separators=...)`): row 0's coupling to the previous separator moves
   to its right-hand side and the separator row becomes an identity row holding the separator,
   so x is written once, separators included, and no band or b is copied.
 
-The couplings and separator rows the reduced system needs are sliced from the chunk views
-(`_ends_of_chunks`): one system's view is the (C, m) array whose columns XLA slices, where
-strided slices of its (1, N, 1) rows would make XLA lay the arrays out again.
+Row 0's coupling to the previous separator is its own l[0], read by both kernels, except in
+a transposed solve: there it is the previous chunk's u at its separator row, sliced from the
+chunk view (`_first_coupling`; one system's as the 2D (C, m) array, where strided slices of
+its (1, N, 1) rows would make XLA lay the arrays out again).
 
 Memory traffic: the four inputs read twice and x written once, 9 passes over an array
-against the floor's 5 (the composed sweeps: 30 on a TPU); one system's column slices read
-the bands once more. Both fall back to the composed
-sweeps where they do not apply: pivoted solves (their chunks pivot, `solve_any` checks the
-answer), a padded last chunk (m not dividing N) and chunks too long for one launch of the
-solve kernel.
+against the floor's 5 (the composed sweeps: 30 on a TPU); a transposed solve of one system
+reads u once more for its slice. Both fall back to the composed sweeps where they do not
+apply: pivoted solves (their chunks pivot, `solve_any` checks the answer), a padded last
+chunk (m not dividing N) and chunks too long for one launch of the solve kernel.
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .._core.layout import broadcast_shape
-from .._core.split_complex import select
+from .._core.split_complex import magnitude, select
 from .._long_systems import composed_chunks as _composed
 from .._pallas import tpu as _tpu
 from . import pallas_tpu as _thomas
 
 # The ends each chunk writes, in this order (`_ends_kernel`).
 _ENDS = ("y_first", "y_last", "v_first", "v_last", "w_first", "w_last", "yr_first", "yr_last")
+# Then the band values the reduced system takes from each chunk's end rows: (band: 0..3 for
+# l, d, u, b; row: 0, or counted from the end), in this order.
+_BAND_ENDS = ((0, 0), (2, -2), (0, -1), (1, -1), (2, -1), (3, -1))
 # The forward sweep's carry: p, y', v' of the row before, u[i-1], sub[i-1], sub[i-1] + d[i-1]
 # (its sum's start), yr' two rows before, w of the row before; then three compensated sums.
 _STATE = 8
@@ -58,8 +63,12 @@ _CARRIED = _STATE + 6
 
 def _ends_row(transposed, bands, state, *, first, interior):
     """One row of the ends sweep (`first`: row 0; `interior`: not the separator row, which
-    only finishes yr' of the row above it). Returns the next state."""
+    only finishes yr' of the row above it). Returns the next state. `bands`: this row's l, d,
+    u, b and the chunk's alpha: row 0's coupling to the previous separator where
+    `transposed`, else whether row 0 couples to one (nonzero: its own l[0] does)."""
     l_i, d_i, u_i, b_i, alpha = bands
+    if not transposed:
+        alpha = select(magnitude(alpha) != 0, l_i, 0.0)
     p, y, v, u_prev, a_prev, sd_prev, yr, w = state[:_STATE]
     sum_y, error_y, sum_v, error_v, sum_r, error_r = state[_STATE:]
     sup_prev = l_i if transposed else u_prev  # sup[i-1]: omega at the separator row
@@ -93,7 +102,8 @@ def _ends(state):
 
 def _ends_kernel(*refs, g, ops, transposed, parts):
     """Refs: the operands' blocks (l, d, u, b and alpha's tile), the ends' block (a row tile
-    each), the carry, the stages of staged operands; each in its `parts`."""
+    each of `_ENDS`, then of `_BAND_ENDS`), the carry, the stages of staged operands; each in
+    its `parts`."""
     band_refs, (ends_ref, carry_ref, *stages) = refs[:5 * parts], refs[5 * parts:]
     j = pl.program_id(2)
     io, carry = _thomas._Parts(g, parts), _tpu.CarryTiles(carry_ref, parts)
@@ -113,10 +123,18 @@ def _ends_kernel(*refs, g, ops, transposed, parts):
         carry.store(_tpu.loop(count, row, carry.load(_CARRIED)))
 
     _tpu.over_rows(g, j, run)
+    ends = _tpu.CarryTiles(ends_ref, parts)
 
     @pl.when(j == g.chunks - 1)
     def _():
-        _tpu.CarryTiles(ends_ref, parts).store(_ends(carry.load(_CARRIED)))
+        ends.store(_ends(carry.load(_CARRIED)))
+
+    for n, (band, row) in enumerate(_BAND_ENDS):
+        row %= g.N
+
+        @pl.when(j == row // g.chunk)
+        def _():
+            ends.set(len(_ENDS) + n, readers[band].load(row % g.chunk))
 
 
 def _chunk_shape(l, d, u, b, chunk):
@@ -145,36 +163,42 @@ def _row_of_chunks(view, row: int, P: int, C: int):
     return values.reshape(n // C, C, q)
 
 
-def _ends_of_chunks(views, *, P: int, C: int, transposed: bool, periodic: bool):
-    """What the reduced system takes from the chunks' end rows, each (P|1, C, Q|1): the
-    couplings alpha (row 0 to the previous separator), beta (the previous separator to row 0;
-    both zero for chunk 0 unless periodic, where the previous is the last) and omega (the
-    last interior row to the separator), and the separator rows' (sub, d, b)."""
-    lv, dv, uv, bv = views
-    m = max(v.shape[1] for v in views)
+def _first_coupling(views, *, P: int, C: int, transposed: bool, periodic: bool):
+    """The kernels' alpha operand, (P|1, C, Q|1): a transposed solve's row 0 couples to the
+    previous separator through the previous chunk's u at its separator row, which the chunk's
+    kernels do not read, so that coupling is sliced from the chunk view; otherwise row 0's
+    own l[0] is the coupling, and alpha says only whether there is one (every chunk but the
+    first, unless periodic)."""
+    if transposed:
+        uv = views[2]
+        return _composed.previous_chunk(_row_of_chunks(uv, uv.shape[1] - 1, P, C), periodic)
+    return _composed.first_chunk_zero(jnp.ones((1, C, 1), jnp.float32), periodic)
 
-    def at(view, row):
-        return _row_of_chunks(view, row, P, C)
 
-    first_lower = at(lv, 0)
-    separator_upper = _composed.previous_chunk(at(uv, m - 1), periodic)
-    first_lower = _composed.first_chunk_zero(first_lower, periodic)
+def _ends_of_chunks(band_ends, *, transposed: bool, periodic: bool):
+    """What the reduced system takes from the chunks' end rows (`_BAND_ENDS`, each (P, C,
+    Q)): the couplings alpha (row 0 to the previous separator), beta (the previous separator
+    to row 0; both zero for chunk 0 unless periodic, where the previous is the last) and omega
+    (the last interior row to the separator), and the separator rows' (sub, d, b)."""
+    l_first, u_before_last, l_last, d_last, u_last, b_last = band_ends
+    separator_upper = _composed.previous_chunk(u_last, periodic)
+    first_lower = _composed.first_chunk_zero(l_first, periodic)
     alpha, beta = ((separator_upper, first_lower) if transposed
                    else (first_lower, separator_upper))
-    omega = at(lv, m - 1) if transposed else at(uv, m - 2)
-    sub = at(uv, m - 2) if transposed else at(lv, m - 1)
-    return alpha, beta, omega, (sub, at(dv, m - 1), at(bv, m - 1))
+    omega = l_last if transposed else u_before_last
+    sub = u_before_last if transposed else l_last
+    return alpha, beta, omega, (sub, d_last, b_last)
 
 
 def _end_values(l, d, u, b, alpha, *, transposed, out_dtype, interpret):
-    """The ends (`_ENDS`) of every chunk of the chunk view's systems (P*C|1, m, Q|1) in
-    out_dtype, each (P*C, 1, Q)."""
+    """The ends (`_ENDS`, then `_BAND_ENDS`) of every chunk of the chunk view's systems
+    (P*C|1, m, Q|1) in out_dtype, each (P*C, 1, Q); `alpha`: `_first_coupling`'s."""
     P, N, Q = broadcast_shape(l, d, u, b, alpha)
     parts, _ = _tpu.split_dtype(out_dtype)
     complex_ = parts == 2
     operands = [part for v in (l, d, u, b, alpha) for part in _tpu.parts_of(v, complex_)]
     tile = _tpu.Operand("tile")
-    count = len(_ENDS) * parts
+    count = (len(_ENDS) + len(_BAND_ENDS)) * parts
 
     def need(g):
         ops = [_tpu.operand(g, v.shape, v.dtype) for v in operands]
@@ -223,16 +247,16 @@ def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, 
     if shape is not None:
         P, N, Q, C, m = shape
         views = _views((l, d, u, b), P, N, C, m)
-        alpha, beta, omega, separator = jax.tree.map(
-            lambda v: v.astype(dtype),
-            _ends_of_chunks(views, P=P, C=C, transposed=transposed, periodic=periodic))
-        ends = _end_values(*views, _composed.per_chunk_view(alpha, P), transposed=transposed,
+        coupling = _first_coupling(views, P=P, C=C, transposed=transposed, periodic=periodic)
+        ends = _end_values(*views, _composed.per_chunk_view(coupling, P), transposed=transposed,
                            out_dtype=dtype, interpret=interpret)
     if ends is None:
         return composed(l, d, u, b, transposed=transposed, periodic=periodic, chunk=chunk,
                         tiling=tiling, pivoting=pivoting)
-    y, v1, wn, yr = ((ends[n].reshape(P, C, Q), ends[n + 1].reshape(P, C, Q))
-                     for n in range(0, len(_ENDS), 2))
+    ends = [v.reshape(P, C, Q) for v in ends]
+    y, v1, wn, yr = ((ends[n], ends[n + 1]) for n in range(0, len(_ENDS), 2))
+    alpha, beta, omega, separator = _ends_of_chunks(ends[len(_ENDS):], transposed=transposed,
+                                                    periodic=periodic)
     return _composed.reduced_rows(y, v1, wn, yr, separator=separator, alpha=alpha, beta=beta,
                                   omega=omega, shape=(P, C, Q), dtype=dtype)
 
@@ -250,10 +274,11 @@ def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool,
         left, right = _composed.separators_around(separators, P=P, C=C, periodic=periodic,
                                                   dtype=dtype)
         views = _views((l, d, u, b), P, N, C, m)
-        alpha = _ends_of_chunks(views, P=P, C=C, transposed=transposed, periodic=periodic)[0]
+        if transposed:  # row 0's coupling, which the kernel cannot read (`solve_pnq`)
+            left = left * _first_coupling(views, P=P, C=C, transposed=True,
+                                          periodic=periodic).astype(dtype)
         x = _thomas.solve_pnq(*views, transposed=transposed, out_dtype=dtype, interpret=interpret,
-                              separators=[_composed.per_chunk_view(v, P)
-                                          for v in (alpha.astype(dtype) * left, right)])
+                              separators=[_composed.per_chunk_view(v, P) for v in (left, right)])
     if x is None:
         return composed(l, d, u, b, separators, transposed=transposed, periodic=periodic,
                         chunk=chunk, tiling=tiling, pivoting=pivoting)
