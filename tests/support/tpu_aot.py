@@ -208,7 +208,7 @@ def read_program(hlo: str) -> dict:
     """The kernels, while loops and other top-level instructions of a compiled module's text."""
     entry = hlo[hlo.index("\nENTRY "):] if "\nENTRY " in hlo else hlo
     shapes = {m["name"]: m["shape"] for line in hlo.splitlines() if (m := _INSTRUCTION.match(line))}
-    reads = _partial_reads(hlo)
+    reads = (_partial_reads(hlo), _in_place_updates(hlo))
     kernels, others, hbm = [], [], 0
     for line in entry.splitlines():
         m = _INSTRUCTION.match(line)
@@ -239,18 +239,41 @@ _PARTIAL = ("slice", "dynamic-slice", "gather")
 _COMPUTATION = re.compile(r"^%(?P<name>[\w.\-]+) \(.*\{\s*$")
 
 
-def _partial_reads(hlo: str) -> dict[str, dict[int, int]]:
-    """For each computation, the parameters it reads only through slices and gathers (seen
-    through bitcasts): {computation: {parameter number: bytes those read}}."""
+def _computations(hlo: str) -> dict[str, list]:
+    """Each computation's instructions: {name: [instruction matches]}."""
     found, name, body = {}, None, []
     for line in hlo.splitlines() + ["}"]:
         if (m := _COMPUTATION.match(line)) is not None:
             name, body = m["name"], []
         elif line.startswith("}") and name is not None:
-            found[name] = _sliced_parameters(body)
+            found[name] = body
             name = None
         elif name is not None and (m := _INSTRUCTION.match(line)) is not None:
             body.append(m)
+    return found
+
+
+def _partial_reads(hlo: str) -> dict[str, dict[int, int]]:
+    """For each computation, the parameters it reads only through slices and gathers (seen
+    through bitcasts): {computation: {parameter number: bytes those read}}."""
+    return {name: _sliced_parameters(body) for name, body in _computations(hlo).items()}
+
+
+def _in_place_updates(hlo: str) -> dict[str, tuple[int, str]]:
+    """The computations whose root is a dynamic-update-slice of one of their parameters (seen
+    through bitcasts), which XLA runs in place in that parameter's buffer: {computation:
+    (parameter number, the update's shape)}."""
+    found = {}
+    for name, body in _computations(hlo).items():
+        by_name = {m["name"]: m for m in body}
+        root = next((m for m in body if m.group(0).lstrip().startswith("ROOT ")), None)
+        if root is None or root["opcode"] != "dynamic-update-slice":
+            continue
+        buffer, update = (by_name.get(o) for o in _operands(root)[:2])
+        while buffer is not None and buffer["opcode"] == "bitcast":
+            buffer = by_name.get(_operands(buffer)[0])
+        if buffer is not None and update is not None and buffer["opcode"] == "parameter":
+            found[name] = (int(buffer["operands"]), update["shape"])
     return found
 
 
@@ -291,28 +314,37 @@ def _in_any_memory(shape: str) -> str:
 
 
 def _hbm_traffic(instruction: re.Match, shapes: Mapping[str, str],
-                 reads: Mapping[str, Mapping[int, int]]) -> int:
+                 reads: tuple[Mapping[str, Mapping[int, int]], Mapping[str, tuple[int, str]]]) -> int:
     """HBM bytes one top-level instruction moves: its operands read from HBM and its results
     written there; what stays in VMEM (`S(1)`) moves none. A slice or gather reads its
-    result's bytes of its operand, and so does a fusion of an operand it only slices (`reads`).
-    An asynchronous copy's or slice's start moves its destination's bytes (`_transfer`), its
-    done nothing; a dynamic-update-slice, which XLA runs in place, reads and writes its
-    update. An upper bound: other partial reads count whole."""
+    result's bytes of its operand, and so does a fusion of an operand it only slices (`reads`:
+    `_partial_reads`, then `_in_place_updates`). An asynchronous copy's or slice's start moves
+    its destination's bytes (`_transfer`), its done nothing; a dynamic-update-slice, which XLA
+    runs in place, reads and writes its update, and a fusion rooted in one writes its update
+    and reads nothing of the buffer it updates. An upper bound: other partial reads count
+    whole."""
     opcode = instruction["opcode"]
     if opcode.endswith("-done"):
         return 0
     operands = _operands(instruction)
     if opcode == "dynamic-update-slice":
         return 2 * padded_bytes(shapes.get(operands[1], ""), hbm_only=True)
+    sliced, updates = reads
     called = re.search(r"calls=%([\w.\-]+)", instruction["rest"])
-    partial = dict(reads.get(called[1], {})) if opcode == "fusion" and called else {}
+    called = called[1] if opcode == "fusion" and called else None
+    partial = dict(sliced.get(called, {}))
+    written = padded_bytes(instruction["shape"], hbm_only=True)
+    if called in updates:
+        buffer, update = updates[called]
+        partial[buffer] = 0
+        written = min(written, padded_bytes(_in_any_memory(update)))
     if opcode in _PARTIAL:
         partial[0] = padded_bytes(_in_any_memory(instruction["shape"]))
     read = sum(min(partial.get(i, math.inf), padded_bytes(shapes.get(o, ""), hbm_only=True))
                for i, o in enumerate(operands))
     if opcode.endswith("-start"):
         return _transfer(instruction["shape"], from_hbm=read > 0)
-    return int(read) + padded_bytes(instruction["shape"], hbm_only=True)
+    return int(read) + written
 
 
 def _transfer(result: str, *, from_hbm: bool) -> int:
