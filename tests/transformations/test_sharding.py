@@ -16,12 +16,16 @@ import pytest
 from tridiax._long_systems.partition_method import solve_small
 
 
-def test_sharded_cases_on_8_host_devices():
+def test_sharded_cases_on_8_host_devices(request):
+    """The cases of this run's tier (its -m: CI's runs the first case of each function,
+    tests/conftest.py; the whole suite every case)."""
     here = pathlib.Path(__file__).parent
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    tier = request.config.getoption("markexpr")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         str(here / "sharding_cases.py")], capture_output=True, text=True, env=env, cwd=here)
+         *(["-m", tier] if tier else []), str(here / "sharding_cases.py")],
+        capture_output=True, text=True, env=env, cwd=here)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
 
