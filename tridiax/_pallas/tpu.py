@@ -497,12 +497,11 @@ class CarryTiles:
         return SplitComplex(self.ref[2 * n], self.ref[2 * n + 1])
 
     def set(self, n, value):
-        dtype = self.ref.dtype  # a row of a narrower band (bfloat16) stores widened
         if self.parts == 1:
-            self.ref[n] = jnp.asarray(value, dtype)
+            self.ref[n] = value
         else:
             value = as_split(value)
-            self.ref[2 * n], self.ref[2 * n + 1] = jnp.asarray(value.re, dtype), jnp.asarray(value.im, dtype)
+            self.ref[2 * n], self.ref[2 * n + 1] = value.re, value.im
 
     def load(self, count):
         return tuple(self.get(n) for n in range(count))
