@@ -208,7 +208,8 @@ def read_program(hlo: str) -> dict:
     """The kernels, while loops and other top-level instructions of a compiled module's text."""
     entry = hlo[hlo.index("\nENTRY "):] if "\nENTRY " in hlo else hlo
     shapes = {m["name"]: m["shape"] for line in hlo.splitlines() if (m := _INSTRUCTION.match(line))}
-    reads = (_partial_reads(hlo), _in_place_updates(hlo))
+    computations = _computations(hlo)
+    reads = (_partial_reads(computations), _in_place_updates(computations))
     kernels, others, hbm = [], [], 0
     for line in entry.splitlines():
         m = _INSTRUCTION.match(line)
@@ -253,18 +254,18 @@ def _computations(hlo: str) -> dict[str, list]:
     return found
 
 
-def _partial_reads(hlo: str) -> dict[str, dict[int, int]]:
-    """For each computation, the parameters it reads only through slices and gathers (seen
-    through bitcasts): {computation: {parameter number: bytes those read}}."""
-    return {name: _sliced_parameters(body) for name, body in _computations(hlo).items()}
+def _partial_reads(computations: Mapping[str, list]) -> dict[str, dict[int, int]]:
+    """For each computation (`_computations`), the parameters it reads only through slices
+    and gathers (seen through bitcasts): {computation: {parameter number: bytes those read}}."""
+    return {name: _sliced_parameters(body) for name, body in computations.items()}
 
 
-def _in_place_updates(hlo: str) -> dict[str, tuple[int, str]]:
-    """The computations whose root is a dynamic-update-slice of one of their parameters (seen
-    through bitcasts), which XLA runs in place in that parameter's buffer: {computation:
-    (parameter number, the update's shape)}."""
+def _in_place_updates(computations: Mapping[str, list]) -> dict[str, tuple[int, str]]:
+    """The computations (`_computations`) whose root is a dynamic-update-slice of one of their
+    parameters (seen through bitcasts), which XLA runs in place in that parameter's buffer:
+    {computation: (parameter number, the update's shape)}."""
     found = {}
-    for name, body in _computations(hlo).items():
+    for name, body in computations.items():
         by_name = {m["name"]: m for m in body}
         root = next((m for m in body if m.group(0).lstrip().startswith("ROOT ")), None)
         if root is None or root["opcode"] != "dynamic-update-slice":

@@ -150,28 +150,25 @@ def _views(operands, P, N, C, m):
     return [_composed.chunk_view(v, P, N, C, m) for v in operands]
 
 
-def _row_of_chunks(view, row: int, P: int, C: int):
-    """Row `row` of every chunk of a chunk view (P*C|1, m|1, q): (P|1, C, q). Sliced from
+def _last_row_of_chunks(view, C: int):
+    """The last row of every chunk of a chunk view (P*C|1, m|1, q): (P|1, C, q). Sliced from
     the view (one system's as the 2D (C, m) array the kernels read): a strided slice of the
     (P, N, Q) rows would make XLA lay a (1, N, 1) array out again, row by row."""
     n, m, q = view.shape
-    if m == 1:
-        row = 0
-    values = view.reshape(n, m)[:, row, None] if q == 1 else view[:, row]
+    values = view.reshape(n, m)[:, m - 1, None] if q == 1 else view[:, m - 1]
     if n == 1:
         return jnp.broadcast_to(values[None], (1, C, q))
     return values.reshape(n // C, C, q)
 
 
-def _first_coupling(views, *, P: int, C: int, transposed: bool, periodic: bool):
+def _first_coupling(views, *, C: int, transposed: bool, periodic: bool):
     """The kernels' alpha operand, (P|1, C, Q|1): a transposed solve's row 0 couples to the
     previous separator through the previous chunk's u at its separator row, which the chunk's
     kernels do not read, so that coupling is sliced from the chunk view; otherwise row 0's
     own l[0] is the coupling, and alpha says only whether there is one (every chunk but the
     first, unless periodic)."""
     if transposed:
-        uv = views[2]
-        return _composed.previous_chunk(_row_of_chunks(uv, uv.shape[1] - 1, P, C), periodic)
+        return _composed.previous_chunk(_last_row_of_chunks(views[2], C), periodic)
     return _composed.first_chunk_zero(jnp.ones((1, C, 1), jnp.float32), periodic)
 
 
@@ -247,7 +244,7 @@ def chunk_ends_pnq(l, d, u, b, *, transposed: bool, periodic: bool, chunk: int, 
     if shape is not None:
         P, N, Q, C, m = shape
         views = _views((l, d, u, b), P, N, C, m)
-        coupling = _first_coupling(views, P=P, C=C, transposed=transposed, periodic=periodic)
+        coupling = _first_coupling(views, C=C, transposed=transposed, periodic=periodic)
         ends = _end_values(*views, _composed.per_chunk_view(coupling, P), transposed=transposed,
                            out_dtype=dtype, interpret=interpret)
     if ends is None:
@@ -275,7 +272,7 @@ def chunk_solve_pnq(l, d, u, b, separators, *, transposed: bool, periodic: bool,
                                                   dtype=dtype)
         views = _views((l, d, u, b), P, N, C, m)
         if transposed:  # row 0's coupling, which the kernel cannot read (`solve_pnq`)
-            left = left * _first_coupling(views, P=P, C=C, transposed=True,
+            left = left * _first_coupling(views, C=C, transposed=True,
                                           periodic=periodic).astype(dtype)
         x = _thomas.solve_pnq(*views, transposed=transposed, out_dtype=dtype, interpret=interpret,
                               separators=[_composed.per_chunk_view(v, P) for v in (left, right)])
