@@ -393,6 +393,39 @@ def test_recurrence_and_its_gradients(activation):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("activation", [jax.nn.relu, jnp.tanh], ids=["relu", "tanh"])
+@pytest.mark.parametrize("shape,axis", [((40, 1030), 0), ((300, 37), 1), ((3, 50, 6), 1)])
+def test_indrnn_gradients_gate_the_kernel(activation, shape, axis, monkeypatch):
+    """IndRNN's gradients (a weight per feature, and per step too): the reversed recurrence is
+    gated in the TPU kernel (the slope from the stored states, `gate`), never materialized;
+    against XLA's loop, in every layout (lanes, batch-first, sublanes)."""
+    gates = []
+    kernel = tpu_recurrence.recurrence_pnq
+
+    def spy(*args, gate=None, **kwargs):
+        gates.append(gate is not None and gate[1] is activation)
+        return kernel(*args, gate=gate, **kwargs)
+
+    monkeypatch.setattr(tpu_recurrence, "recurrence_pnq", spy)
+    rng = np.random.default_rng(sum(shape))
+    x = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+    features = [1] * len(shape)
+    features[-1 if axis == 0 else 0] = shape[-1 if axis == 0 else 0]
+    for weight_shape in (tuple(features), shape):
+        weight = jnp.asarray(rng.uniform(-1, 1, weight_shape), jnp.float32)
+
+        def loss(w, z, backend):
+            return jnp.sum(jnp.cos(recurrence(w, z, axis=axis, activation=activation, backend=backend)))
+
+        gates.clear()
+        got = jax.grad(loss, argnums=(0, 1))(weight, x, BACKEND)
+        assert gates == [False, True]  # the forward, then the gradient's reversed recurrence
+        want = jax.grad(loss, argnums=(0, 1))(weight, x, "xla")
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("axis", [0, -1])
 def test_complex_recurrence_and_its_gradients(axis):
     """An LRU-style complex64 recurrence (complex decays, complex inputs) through the TPU

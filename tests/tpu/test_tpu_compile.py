@@ -389,6 +389,9 @@ ENTRY_POINTS = {
                             [((1000, 4096), "float32")] * 2, 2, "program"),
     "grad-indrnn-tanh-f32": (_grad(functools.partial(tridiax.indrnn, activation=jnp.tanh), (0, 1)),
                              [((4096,), "float32"), ((1000, 4096), "float32")], 2, "program"),
+    # arrays too large for XLA to keep any in VMEM: `test_indrnn_gradient_gates_in_the_kernel`
+    "grad-indrnn-relu-larger-than-vmem-f32": (_grad(tridiax.indrnn, (0, 1)),
+                                              [((100_000,), "float32"), ((1000, 100_000), "float32")], 2, None),
 }
 
 
@@ -485,7 +488,8 @@ def test_entry_points_compile_to_mosaic_kernels_for_v5e():
 def test_gradient_kernels_move_each_array_once():
     """A gradient's kernels (the solve and the transposed solve; the recurrence and the reversed
     one) each read their operands and write their result once: five arrays a solve, three a
-    recurrence (IndRNN's backward reads its slope-scaled operands, materialized by XLA)."""
+    recurrence (IndRNN's backward reads the loss's cotangent and the states whose slope gates
+    it, its weight a tile per feature)."""
     _require_harness()
     reports = _reports(V5E, tuple(ENTRY_POINTS))
     for name in ("grad-solve-f32", "grad-periodic-f32", "grad-recurrence-f32", "grad-indrnn-tanh-f32"):
@@ -494,6 +498,22 @@ def test_gradient_kernels_move_each_array_once():
         arrays = 3 if "recurrence" in name or "indrnn" in name else 5
         for k in reports[name].kernels:
             assert k.operand_bytes + k.result_bytes <= FLOOR_FACTOR * arrays * array, (name, k)
+
+
+def test_indrnn_gradient_gates_in_the_kernel():
+    """IndRNN's forward and gradient (a weight per feature; arrays of T x F no VMEM holds) move 9
+    arrays of T x F through HBM: the forward (z read, h written), the loss's cotangent (h read,
+    2h written), the reversed recurrence gated in the kernel (the cotangent and h read, z's
+    cotangent written) and the weight's cotangent (z's cotangent and h read, summed over T).
+    With the gate's slope materialized, XLA writes the slope-scaled weight and cotangent as
+    two arrays more and the kernel reads them instead of h: 12."""
+    _require_harness()
+    name = "grad-indrnn-relu-larger-than-vmem-f32"
+    report = _reports(V5E, (name,))[name]
+    assert not _problems(name, report), _problems(name, report)
+    array = 1000 * 100_000 * 4
+    print(f"{name}: {report.hbm_bytes / array:.2f} arrays of T x F through HBM")
+    assert report.hbm_bytes <= 9.05 * array, report.hbm_bytes / array
 
 
 @pytest.mark.parametrize("topology", [t for t in TOPOLOGIES if t != V5E])

@@ -293,13 +293,21 @@ def test_factor_and_the_factored_solve_every_layout(case):
     _close(x, _reference_solve(*bands, transposed=transposed, dtype=dtype), dtype)
 
 
-def _reference_recurrence(a, x, h0, *, reverse, shifted, activation, final_only):
+# The slopes of the activations that gate, from their output (relu: 0 or 1, tanh: 1 - h^2).
+SLOPES = {jax.nn.relu: lambda h: (h > 0).astype(np.float32), jnp.tanh: lambda h: 1 - h * h}
+
+
+def _reference_recurrence(a, x, h0, *, reverse, shifted, activation, final_only, gate=None):
     """h[t] = act(c[t]*h[t-1] + x[t]) along axis 1 in float32 NumPy (c[t] = a[t], or a at the
-    previous step's index and zero at the first step when `shifted`)."""
+    previous step's index and zero at the first step when `shifted`); with `gate` (states,
+    activation), h[t] = slope(states[t]) * (c[t]*h[t-1] + x[t])."""
     a, x, h0 = (np.asarray(v.astype(jnp.float32)) for v in (a, x, h0))
     shape = np.broadcast_shapes(a.shape, x.shape, h0.shape)
     a, x = np.broadcast_to(a, shape), np.broadcast_to(x, shape)
     act = {None: lambda v: v, jax.nn.relu: lambda v: np.maximum(v, 0), jnp.tanh: np.tanh}[activation]
+    if gate is not None:
+        states, slope = np.broadcast_to(np.asarray(gate[0].astype(jnp.float32)), shape), SLOPES[gate[1]]
+        act = None
     T = shape[1]
     steps = range(T - 1, -1, -1) if reverse else range(T)
     h = np.broadcast_to(h0[:, 0], (shape[0], shape[2])).astype(np.float32)
@@ -307,7 +315,7 @@ def _reference_recurrence(a, x, h0, *, reverse, shifted, activation, final_only)
     previous = None
     for t in steps:
         c = a[:, t] if not shifted else (np.zeros_like(a[:, t]) if previous is None else a[:, previous])
-        h = act(c * h + x[:, t]).astype(np.float32)
+        h = (act(c * h + x[:, t]) if act else slope(states[:, t]) * (c * h + x[:, t])).astype(np.float32)
         out[:, t] = h
         previous = t
     return h[:, None] if final_only else out
@@ -357,6 +365,61 @@ def test_recurrence_broadcast_operands(shapes):
     h = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=F32, interpret=_tpu.interpret_params(),
                                       **flags)
     _close(h, _reference_recurrence(a, x, h0, **flags), F32)
+
+
+# (layout, P, T, Q, dtype, reverse, shifted, final_only, gate, a per system (one tile)): the
+# gated recurrences a relu or tanh recurrence's derivatives run (shifted and reversed: its
+# gradient's), in every layout, over several chunks (300, 513 steps), one step, in full row tiles
+# (the first) and in row tiles of one sublane (the last three, and others of fewer than 1024
+# sequences: eight runs side by side, the gate in each run's steps).
+GATED_CASES = [
+    ("lanes", 1, 300, 1200, F32, True, True, False, jnp.tanh, False),
+    ("lanes", 2, 37, 1030, BF16, False, False, False, jax.nn.relu, True),
+    ("lanes", 3, 1, 128, F32, False, True, False, jax.nn.relu, False),
+    ("sublanes", 9, 513, 3, F32, True, True, False, jax.nn.relu, False),
+    ("sublanes", 13, 37, 5, BF16, False, False, True, jnp.tanh, False),
+    ("transposed", 300, 37, 1, F32, False, False, False, jnp.tanh, True),
+    ("transposed", 129, 257, 1, BF16, True, True, False, jnp.tanh, False),
+    ("lanes", 1, 1001, 128, F32, True, True, False, jnp.tanh, False),
+    ("transposed", 1, 517, 1, F32, False, False, False, jax.nn.relu, False),
+    ("sublanes", 1, 300, 3, F32, True, True, True, jnp.tanh, False),
+]
+
+
+@pytest.mark.parametrize("case", GATED_CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{np.dtype(c[4]).name}-{c[5:8]}"
+                              f"-{c[8].__name__}-{'tile' if c[9] else 'full'}" for c in GATED_CASES])
+def test_gated_recurrence_every_layout(case):
+    """The slope computed from the states in the sweep multiplies each step (`gate`): against
+    NumPy's loop of h = slope(states) * (c h + x)."""
+    layout, P, T, Q, dtype, reverse, shifted, final_only, activation, tile = case
+    assert _tpu.choose_layout(P, Q) == layout
+    g = tpu_recurrence._plan(P, T, Q, [jax.ShapeDtypeStruct((P, T, Q), jnp.float32)] * 3, dtype, final_only,
+                             linear=True)
+    if case in GATED_CASES[-3:]:
+        assert tpu_recurrence.segmented(g, None)
+    if case == GATED_CASES[0]:  # full row tiles: one run
+        assert not tpu_recurrence.segmented(g, None)
+    rng = np.random.default_rng(P * 1000 + T + 7)
+    a = _draw(rng, (P, 1, Q) if tile else (P, T, Q), dtype)
+    x, h0, states = _draw(rng, (P, T, Q), dtype), _draw(rng, (P, 1, Q), dtype), _draw(rng, (P, T, Q), dtype)
+    flags = dict(reverse=reverse, shifted=shifted, activation=None, final_only=final_only)
+    h = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=dtype, interpret=_tpu.interpret_params(),
+                                      gate=(states, activation), **flags)
+    want = _reference_recurrence(a, x, h0, gate=(states, activation), **flags)
+    assert h.shape == want.shape and h.dtype == dtype
+    _close(h, np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32)), dtype)
+
+
+def test_a_gate_takes_real_linear_recurrences_of_relu_or_tanh_only():
+    a = x = states = jnp.ones((1, 8, 128), jnp.float32)
+    h0 = jnp.zeros((1, 1, 128), jnp.float32)
+    flags = dict(reverse=False, shifted=False, final_only=False, interpret=_tpu.interpret_params())
+    for activation, gate, dtype in [(None, jax.nn.sigmoid, F32), (jnp.tanh, jnp.tanh, F32),
+                                    (None, jnp.tanh, jnp.complex64)]:
+        with pytest.raises(ValueError, match="gates real linear recurrences"):
+            tpu_recurrence.recurrence_pnq(a, x, h0, activation=activation, out_dtype=dtype,
+                                          gate=(states, gate), **flags)
 
 
 # (layout, P, T, Q, reverse, shifted, final_only, a complex): complex64 recurrences (an LRU's

@@ -446,13 +446,15 @@ def recurrence_pnq(recurrence, a, x, h0, *, reverse: bool, shifted: bool, activa
                    final_only: bool, out_dtype, tiling, chunk: int = 0, gate=None):
     """The plain kernel `recurrence` over (P|1, T|1, Q|1) operands, and with `chunk` > 0 the
     chunked run of `_native.recurrence_pnq`: h0 is (P|1, C, Q|1), the state entering each chunk
-    of `chunk` steps in scan order; returns (P, T, Q) in `out_dtype`. `gate` is not supported,
-    nor `final_only` with `chunk` (use `recurrence_ends_pnq`)."""
+    of `chunk` steps in scan order; returns (P, T, Q) in `out_dtype`. `gate` is passed to the
+    plain kernel; with `chunk`, neither it nor `final_only` is supported (final states of chunks
+    come from `recurrence_ends_pnq`)."""
+    if not chunk:
+        extra = {} if gate is None else {"gate": gate}
+        return recurrence(a, x, h0, reverse=reverse, shifted=shifted, activation=activation,
+                          final_only=final_only, out_dtype=out_dtype, tiling=tiling, **extra)
     if gate is not None:
         raise NotImplementedError("the composed chunk sweeps run ungated recurrences only")
-    if not chunk:
-        return recurrence(a, x, h0, reverse=reverse, shifted=shifted, activation=activation,
-                          final_only=final_only, out_dtype=out_dtype, tiling=tiling)
     if final_only:
         raise NotImplementedError("a chunked run writes every state; final states of chunks "
                                   "come from recurrence_ends")

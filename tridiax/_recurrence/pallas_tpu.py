@@ -13,6 +13,11 @@ the previous step's row of a rides along with the state, across chunks too.
 
 Activations: None (the linear recurrence), `jax.nn.relu` and `jnp.tanh` (IndRNN), applied
 in float32 in the kernel (`ACTIVATIONS`; others run XLA's loop).
+
+A gate (`gate`: the states of a relu or tanh recurrence and its activation) runs the linear
+recurrence h[t] = slope[t] * (a[t]*h[t-1] + x[t]) that such a recurrence's derivatives run,
+with the slope (the activation's derivative, a function of its output) computed from the
+states' rows in the sweep: neither the slope nor its products with a and x reach HBM.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ def _map(f, v):
     return v.map(f) if isinstance(v, SplitComplex) else f(v)
 
 
-def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifted: bool, tile, parts):
+def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifted: bool, tile, parts,
+              gate=None):
     """A linear recurrence over a chunk's `count` steps whose row tiles (`tile`: (1, w)) hold
     one sublane, as SEGMENTS runs of R = ceil(count / SEGMENTS) steps side by side, one per
     sublane, read by strided loads: first each run from a zero state (its end state and the
@@ -66,8 +72,9 @@ def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifte
     step's state to `sink` (None: final state only). The dependent steps are 2R + SEGMENTS
     instead of `count`; every state is the sequential recurrence's from the state entering its
     run. Steps past `count` (the last run's) leave the state as it is. `a_start`: the
-    coefficient of the step before the chunk (`shifted`). Returns the state after the last step
-    in scan order and that step's a."""
+    coefficient of the step before the chunk (`shifted`). `gate`: (the states' rows, the slope
+    function), whose slope multiplies each step's coefficient and input. Returns the state after
+    the last step in scan order and that step's a."""
     S = SEGMENTS
     R = -(-count // S)
     width = tile[-1]
@@ -93,6 +100,10 @@ def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifte
     def step(i, h, a_before):
         a_now, x_now = a.load_rows(i, S, R), x.load_rows(i, S, R)
         c = a_before if shifted else a_now
+        if gate is not None:
+            states, slope = gate
+            gated = slope(states.load_rows(i, S, R))
+            c, x_now = gated * c, gated * x_now
         if S * R != count:
             valid = sub * R + i < count
             c, x_now, a_now = select(valid, c, 1.0), select(valid, x_now, 0.0), select(valid, a_now, a_before)
@@ -125,18 +136,18 @@ def _segments(a, x, sink, h_start, a_start, *, count: int, reverse: bool, shifte
     return run_of(h, 0 if reverse else S - 1), a.load(0 if reverse else count - 1)
 
 
-def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out, segmented):
-    """Refs: a's and x's blocks, h0's tile, h's block (the parts of each: `parts` of a and
-    x, h0 and h complex where either is), then the state and the previous step's a (their
-    parts), the stages of staged operands and of h."""
+def _kernel(*refs, g, ops, parts, reverse, shifted, act, slope, final_only, staged_out, segmented):
+    """Refs: a's and x's blocks, the gate's states' block (with a `slope`), h0's tile, h's
+    block (the parts of each: `parts` of a and x, h0 and h complex where either is), then the
+    state and the previous step's a (their parts), the stages of staged operands and of h."""
     pa, px = parts
     ph = max(parts)
-    counts = (pa, px, ph, ph, ph, pa)
+    counts = (pa, px, int(slope is not None), ph, ph, ph, pa)
     groups, start = [], 0
     for count in counts:
         groups.append(refs[start:start + count])
         start += count
-    a_refs, x_refs, h0_refs, h_refs, state, previous = groups
+    a_refs, x_refs, states_refs, h0_refs, h_refs, state, previous = groups
     stages = list(refs[start:])
     out_stages = [stages.pop() for _ in range(ph)][::-1] if staged_out else None
     k = pl.program_id(2)
@@ -159,7 +170,8 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out,
         put(state, get(h0_refs))
         put(previous, jnp.zeros(g.tile, jnp.float32))
 
-    a, x = _tpu.part_readers(g, ops, (a_refs, x_refs), stages)
+    a, x, *states = _tpu.part_readers(g, ops, (a_refs, x_refs, states_refs)[:len(ops)], stages)
+    gate = (states[0], slope) if slope is not None else None
     if final_only:
         sink = None
     elif staged_out:
@@ -172,6 +184,8 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out,
             h, a_before = carry
             a_now = a.load(i)
             h = act((a_before if shifted else a_now) * h + x.load(i))
+            if gate is not None:
+                h = slope(states[0].load(i)) * h
             if sink is not None:
                 sink.store(i, h)
             return h, a_now
@@ -182,7 +196,7 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out,
 
     def run_segments(count):
         h, a_last = _segments(a, x, sink, get(state), get(previous), count=count, reverse=reverse,
-                              shifted=shifted, tile=g.tile, parts=parts)
+                              shifted=shifted, tile=g.tile, parts=parts, gate=gate)
         put(state, h)
         put(previous, a_last)
 
@@ -197,7 +211,8 @@ def _kernel(*refs, g, ops, parts, reverse, shifted, act, final_only, staged_out,
 
 def _plan(P, T, Q, operands, out_dtype, final_only, budget=None, *, linear=False):
     """The geometry of a recurrence (its VMEM need: no scratch but the state, so the widest
-    row tile always fits). `operands`: the real arrays passed for a and x (their parts).
+    row tile always fits). `operands`: the real arrays passed for a and x (their parts), and
+    a gate's states.
     `linear`: a row tile that would not fill a vector register (fewer than 1024 sequences in
     the "lanes" and "transposed" layouts) holds one sublane instead, its chunks run as eight
     runs side by side (`segmented`; Mosaic loads rows strided from a base of 128 lanes only)."""
@@ -227,23 +242,35 @@ def segmented(g, activation) -> bool:
 
 
 def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_only: bool,
-                   out_dtype, interpret=None):
+                   out_dtype, interpret=None, gate=None):
     """Run along axis 1 of (P|1, T|1, Q|1) operands (`h0`: (P|1, 1, Q|1)); see
     `_xla_recurrence.recurrence_pnq`. Returns (P, T, Q), or (P, 1, Q) when `final_only`.
     Complex64 runs as float32 parts (of a and x where each is complex; no activation).
+    `gate`: (states, activation), (P|1, T|1, Q|1) states of a relu or tanh recurrence, for
+    the linear recurrence h = slope(states) * (a h + x) (module docstring; real dtypes only).
     `interpret`: Pallas's interpret mode (`pltpu.InterpretParams`, or True) to run on CPU."""
-    P, T, Q = broadcast_shape(a, x, h0)
+    from .primitive import _output_slope  # the slope from the activation's output
+
+    states = () if gate is None else (gate[0],)
+    P, T, Q = broadcast_shape(a, x, h0, *states)
     out_dtype = jnp.dtype(out_dtype)
     _tpu.check_dtype(out_dtype)
     ph, part_dtype = _tpu.split_dtype(out_dtype)
     complex_ = ph == 2
     if complex_ and activation is not None:
         raise ValueError("the Pallas TPU recurrence runs complex recurrences without an activation")
+    slope = None
+    if gate is not None:
+        slope = _output_slope(gate[1])
+        if slope is None or activation is not None or complex_ or any(map(jnp.iscomplexobj, states)):
+            raise ValueError("the Pallas TPU recurrence gates real linear recurrences by the slope of "
+                             f"relu or tanh, not {gate[1]!r} (activation {activation!r}, {out_dtype})")
     a_parts, x_parts = (_tpu.parts_of(v, complex_ and jnp.iscomplexobj(v)) for v in (a, x))
     h0_parts = _tpu.parts_of(h0, complex_)
     budget = _tpu.vmem()
-    g = _plan(P, T, Q, a_parts + x_parts, out_dtype, final_only, budget.budget, linear=activation is None)
-    prepared = [[_tpu.prepare(g, v) for v in parts] for parts in (a_parts, x_parts)]
+    g = _plan(P, T, Q, [*a_parts, *x_parts, *states], out_dtype, final_only, budget.budget,
+              linear=activation is None)
+    prepared = [[_tpu.prepare(g, v) for v in parts] for parts in (a_parts, x_parts, states) if parts]
     ops = [pieces[0][1] for pieces in prepared]
     staged_out = not final_only and _tpu.staged(g, part_dtype)
 
@@ -270,7 +297,7 @@ def recurrence_pnq(a, x, h0, *, reverse: bool, shifted: bool, activation, final_
     scratch += [stage] * (ph * staged_out)
     kernel = functools.partial(_kernel, g=g, ops=ops, parts=(len(a_parts), len(x_parts)),
                                reverse=reverse, shifted=shifted,
-                               act=ACTIVATIONS[activation] or (lambda v: v),
+                               act=ACTIVATIONS[activation] or (lambda v: v), slope=slope,
                                final_only=final_only, staged_out=staged_out,
                                segmented=segmented(g, activation))
     h = _tpu.call(kernel, g, inputs, in_specs, [out_shape] * ph, [out_spec] * ph, scratch,

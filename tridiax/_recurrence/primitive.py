@@ -20,8 +20,8 @@ Differentiation (never through the loop):
 `gated_recurrence_p` is the linear recurrence the derivatives of a nonlinear one run,
 h[t] = s[t] * (c[t]*h[t-1] + x[t]) with the slope s = act'(.) read from the nonlinear
 recurrence's states (operand `states`, param `gate`: relu or tanh, whose derivative is a function
-of their output). The native kernel computes s inside the sweep, so neither s nor s*a is ever
-written to memory; other backends materialize them. Its transpose is the reverse-time gated
+of their output). The native and TPU kernels compute s inside the sweep, so neither s nor s*a
+is ever written to memory; other backends materialize them. Its transpose is the reverse-time gated
 recurrence z[t] = s[t] * (g[t] + c[t+1]*z[t+1]) with the same gate.
 """
 
@@ -70,9 +70,11 @@ def _lowering(platform: str):
                                                       op="recurrence")
         kernels = _backend.kernels(backend)
         linear = activation is None
-        # The gate's slope computed in the sweep (the native kernel knows every activation
-        # that gates, relu and tanh), else materialized.
-        in_kernel = backend == "native" and _gates(gate)
+        # The gate's slope computed in the sweep (the native and TPU kernels know every
+        # activation that gates, relu and tanh; the TPU kernel in real dtypes, unchunked, which
+        # a TPU recurrence is unless told otherwise), else materialized.
+        in_kernel = _gates(gate) and (backend == "native" or (
+            backend in _planner.TPU_BACKENDS and not chunk and not jnp.iscomplexobj(x)))
 
         def plan(P, T, Q, override, gated=False):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
