@@ -50,11 +50,16 @@ HBM_BYTES_S = {"v4:2x2x1": 1.228e12, "v5e:2x2": 0.819e12, "v5p:2x2x1": 2.765e12,
 STREAM = 0.78
 LAUNCH_S = 5e-6
 GOAL = 1.2  # the issue's: modelled bytes within 1.2x of the floor
+# Beyond the CPU shape table: IndRNN with a weight per feature (relu, the default), whose
+# gradient's reversed recurrence the kernel gates by the slope of the states it reads.
+INDRNN = [("indrnn (T, F) = (1 000, 100 000), a weight per feature", (1_000, 100_000), 0, "indrnn")]
 
 
 def _entry(op: str, axis: int, grad: bool = False) -> str:
     if op == "solve":
         call, arguments = f"solve_tridiagonal(*b, axis={axis})", "(0, 1, 2, 3)"
+    elif op == "indrnn":
+        call, arguments = f"indrnn(*b, axis={axis})", "(0, 1)"
     else:
         call, arguments = f"linear_recurrence(*b, axis={axis})", "(0, 1)"
     if grad:
@@ -63,24 +68,33 @@ def _entry(op: str, axis: int, grad: bool = False) -> str:
     return f"tridiax:lambda *b: {call}"
 
 
-def floor_bytes(shape, op: str, itemsize: int = 4, grad: bool = False) -> int:
-    """Each input read once and the output written once: 5 arrays (a solve), 3 (a recurrence).
-    With the gradient: then the inputs and the result read again and each input's gradient
-    written, 3 x the inputs + 2 x the result: 14 arrays (a solve), 8 (a recurrence)."""
-    inputs = 4 if op == "solve" else 2
-    return (3 * inputs + 2 if grad else inputs + 1) * math.prod(shape) * itemsize
+def _arguments(shape, op: str, axis: int) -> list[tuple[tuple[int, ...], str]]:
+    """The float32 arguments of a call: four bands (a solve), a and x (a recurrence), a weight
+    per feature and z (IndRNN)."""
+    if op == "indrnn":
+        return [((shape[1 - axis],), "float32"), (shape, "float32")]
+    return [(shape, "float32")] * (4 if op == "solve" else 2)
+
+
+def floor_bytes(shape, op: str, axis: int = 0, grad: bool = False) -> int:
+    """Each argument read once and the output written once: 5 arrays (a solve), 3 (a
+    recurrence), 2 and a weight (IndRNN). With the gradient: then the arguments and the result
+    read again and each argument's gradient written, 3 x the arguments + 2 x the result: 14
+    arrays (a solve), 8 (a recurrence), 5 and three weights (IndRNN)."""
+    arguments = sum(math.prod(s) * 4 for s, _ in _arguments(shape, op, axis))
+    result = math.prod(shape) * 4
+    return 3 * arguments + 2 * result if grad else arguments + result
 
 
 def model(topology: str, grad: bool = False) -> list[dict]:
     """One row per shape: what it compiled to, its bytes over the floor, its modelled times."""
-    cases = {label: (_entry(op, axis, grad), [(shape, "float32")] * (4 if op == "solve" else 2))
-             for label, shape, axis, op in SHAPES}
+    cases = {label: (_entry(op, axis, grad), _arguments(shape, op, axis)) for label, shape, axis, op in SHAPES + INDRNN}
     reports = tpu_aot.compile_reports(cases, topology=topology, timeout=1800)
     rate = STREAM * HBM_BYTES_S[topology]
     rows = []
-    for label, shape, axis, op in SHAPES:
+    for label, shape, axis, op in SHAPES + INDRNN:
         report = reports[label]
-        floor = floor_bytes(shape, op, grad=grad)
+        floor = floor_bytes(shape, op, axis, grad=grad)
         row = {"case": label, "topology": topology, "grad": grad, "error": report.error}
         if not report.error:
             seconds = report.hbm_bytes / rate + LAUNCH_S * len(report.kernels)
