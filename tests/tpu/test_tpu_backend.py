@@ -426,6 +426,35 @@ def test_indrnn_gradients_gate_the_kernel(activation, shape, axis, monkeypatch):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())
 
 
+def test_a_chunked_gated_recurrence_materializes_its_slope(monkeypatch):
+    """Chunks (asked for: a TPU recurrence never chunks by itself) run the composed chunk
+    sweeps, which take no gate: the slope products are formed by XLA instead, with the same
+    values."""
+    from tridiax._recurrence.primitive import gated_recurrence_p
+
+    gates = []
+    kernel = tpu_recurrence.recurrence_pnq
+
+    def spy(*args, gate=None, **kwargs):
+        gates.append(gate is not None)
+        return kernel(*args, gate=gate, **kwargs)
+
+    monkeypatch.setattr(tpu_recurrence, "recurrence_pnq", spy)
+    rng = np.random.default_rng(5)
+    a, x, states = (jnp.asarray(rng.uniform(-1, 1, (100, 130)), jnp.float32) for _ in range(3))
+    h0 = jnp.zeros((1, 130), jnp.float32)
+
+    def run(backend, chunk):
+        return gated_recurrence_p.bind(a, x, h0, states, axis=0, reverse=True, shifted=True, gate=jnp.tanh,
+                                       final_only=False, backend=backend, chunk=chunk)
+
+    want = run("xla", None)
+    for chunk, gated in [(16, False), (0, True)]:
+        gates.clear()
+        np.testing.assert_allclose(run(BACKEND, chunk), want, rtol=1e-5, atol=1e-6)
+        assert gates and all(g == gated for g in gates), (chunk, gates)
+
+
 @pytest.mark.parametrize("axis", [0, -1])
 def test_complex_recurrence_and_its_gradients(axis):
     """An LRU-style complex64 recurrence (complex decays, complex inputs) through the TPU

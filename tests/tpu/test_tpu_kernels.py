@@ -367,32 +367,34 @@ def test_recurrence_broadcast_operands(shapes):
     _close(h, _reference_recurrence(a, x, h0, **flags), F32)
 
 
-# (layout, P, T, Q, dtype, reverse, shifted, final_only, gate, a per system (one tile)): the
+# (layout, P, T, Q, dtype, reverse, shifted, final_only, gate, a's shape (as SEGMENT_CASES)): the
 # gated recurrences a relu or tanh recurrence's derivatives run (shifted and reversed: its
 # gradient's), in every layout, over several chunks (300, 513 steps), one step, in full row tiles
 # (the first) and in row tiles of one sublane (the last three, and others of fewer than 1024
 # sequences: eight runs side by side, the gate in each run's steps).
 GATED_CASES = [
-    ("lanes", 1, 300, 1200, F32, True, True, False, jnp.tanh, False),
-    ("lanes", 2, 37, 1030, BF16, False, False, False, jax.nn.relu, True),
-    ("lanes", 3, 1, 128, F32, False, True, False, jax.nn.relu, False),
-    ("sublanes", 9, 513, 3, F32, True, True, False, jax.nn.relu, False),
-    ("sublanes", 13, 37, 5, BF16, False, False, True, jnp.tanh, False),
-    ("transposed", 300, 37, 1, F32, False, False, False, jnp.tanh, True),
-    ("transposed", 129, 257, 1, BF16, True, True, False, jnp.tanh, False),
-    ("lanes", 1, 1001, 128, F32, True, True, False, jnp.tanh, False),
-    ("transposed", 1, 517, 1, F32, False, False, False, jax.nn.relu, False),
-    ("sublanes", 1, 300, 3, F32, True, True, True, jnp.tanh, False),
+    ("lanes", 1, 300, 1200, F32, True, True, False, jnp.tanh, "full"),
+    ("lanes", 2, 37, 1030, BF16, False, False, False, jax.nn.relu, "tile"),
+    ("lanes", 3, 1, 128, F32, False, True, False, jax.nn.relu, "full"),
+    ("sublanes", 9, 513, 3, F32, True, True, False, jax.nn.relu, "full"),
+    ("sublanes", 13, 37, 5, BF16, False, False, True, jnp.tanh, "full"),
+    ("transposed", 300, 37, 1, F32, False, False, False, jnp.tanh, "tile"),
+    ("transposed", 129, 257, 1, BF16, True, True, False, jnp.tanh, "full"),
+    ("sublanes", 1, 700, 5, F32, True, False, False, jnp.tanh, "scalar"),  # reversed, unshifted
+    ("lanes", 2, 1001, 128, F32, False, True, False, jax.nn.relu, "full"),
+    ("lanes", 1, 1001, 128, F32, True, True, False, jnp.tanh, "full"),
+    ("transposed", 1, 517, 1, F32, False, False, False, jax.nn.relu, "full"),
+    ("sublanes", 1, 300, 3, F32, True, True, True, jnp.tanh, "full"),
 ]
 
 
 @pytest.mark.parametrize("case", GATED_CASES,
                          ids=[f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{np.dtype(c[4]).name}-{c[5:8]}"
-                              f"-{c[8].__name__}-{'tile' if c[9] else 'full'}" for c in GATED_CASES])
+                              f"-{c[8].__name__}-{c[9]}" for c in GATED_CASES])
 def test_gated_recurrence_every_layout(case):
     """The slope computed from the states in the sweep multiplies each step (`gate`): against
     NumPy's loop of h = slope(states) * (c h + x)."""
-    layout, P, T, Q, dtype, reverse, shifted, final_only, activation, tile = case
+    layout, P, T, Q, dtype, reverse, shifted, final_only, activation, decay = case
     assert _tpu.choose_layout(P, Q) == layout
     g = tpu_recurrence._plan(P, T, Q, [jax.ShapeDtypeStruct((P, T, Q), jnp.float32)] * 3, dtype, final_only,
                              linear=True)
@@ -401,7 +403,7 @@ def test_gated_recurrence_every_layout(case):
     if case == GATED_CASES[0]:  # full row tiles: one run
         assert not tpu_recurrence.segmented(g, None)
     rng = np.random.default_rng(P * 1000 + T + 7)
-    a = _draw(rng, (P, 1, Q) if tile else (P, T, Q), dtype)
+    a = _draw(rng, {"full": (P, T, Q), "tile": (P, 1, Q), "scalar": (1, T, 1)}[decay], dtype)
     x, h0, states = _draw(rng, (P, T, Q), dtype), _draw(rng, (P, 1, Q), dtype), _draw(rng, (P, T, Q), dtype)
     flags = dict(reverse=reverse, shifted=shifted, activation=None, final_only=final_only)
     h = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=dtype, interpret=_tpu.interpret_params(),

@@ -270,7 +270,9 @@ class Kernels(NamedTuple):
 
 def _ignoring_tiling(fn):
     """`fn` (a kernel that tiles for itself) called with the planner's `tiling` dropped. Chunked
-    and gated runs reach it only through `_composed_chunks`, which splits them or refuses."""
+    runs reach it only through `_composed_chunks`, which splits them; gated ones never (the
+    recurrence primitive gates in the native and TPU kernels, and materializes the slope for
+    the others)."""
 
     def call(*args, tiling=None, **kwargs):
         del tiling
