@@ -225,8 +225,8 @@ def test_recurrence_sweeps_match_native(case, backend, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_run_with_activation_and_unchunked_calls(backend):
-    """An activation rides along the chunked run; chunk=0 is the plain kernel; gates and
-    final_only with chunks are refused."""
+    """An activation rides along the chunked run; chunk=0 is the plain kernel (with gate=None);
+    gates, with chunks or without, and final_only with chunks are refused."""
     P, T, Q, m = 2, 37, 3, 7
     C = -(-T // m)
     rng = np.random.default_rng(5)
@@ -240,7 +240,7 @@ def test_chunked_run_with_activation_and_unchunked_calls(backend):
                                   tiling=native_tiling(P, T, Q, m, np.float64, columns=0,
                                                        linear=False))
     assert_matches(got, want, np.float64, "tanh run")
-    plain = kernels.recurrence(a, x, h0[:, :1], **common, tiling=None)
+    plain = kernels.recurrence(a, x, h0[:, :1], **common, tiling=None, gate=None)
     tiling = _planner.cpu_tiling(P, 1, Q, T, np.float64, columns=0)
     want = _native.recurrence_pnq(a, x, h0[:, :1], **common, tiling=tiling)
     assert_matches(plain, want, np.float64, "plain run")
@@ -249,6 +249,10 @@ def test_chunked_run_with_activation_and_unchunked_calls(backend):
                                 gate=(x, jax.nn.relu))
     with pytest.raises(NotImplementedError):
         kernels.recurrence(a, x, h0, **{**common, "final_only": True}, tiling=None, chunk=m)
+    # This backend's plain kernel takes no gate (the primitive materializes the slope for it).
+    with pytest.raises(NotImplementedError, match="runs no gate"):
+        kernels.recurrence(a, x, h0[:, :1], **{**common, "activation": None}, tiling=None,
+                           gate=(x, jax.nn.relu))
 
 
 def test_invalid_chunk_is_refused():

@@ -270,13 +270,25 @@ class Kernels(NamedTuple):
 
 def _ignoring_tiling(fn):
     """`fn` (a kernel that tiles for itself) called with the planner's `tiling` dropped. Chunked
-    runs reach it only through `_composed_chunks`, which splits them; gated ones never (the
-    recurrence primitive gates in the native and TPU kernels, and materializes the slope for
-    the others)."""
+    runs reach it only through `_composed_chunks`, which splits them."""
 
     def call(*args, tiling=None, **kwargs):
         del tiling
         return fn(*args, **kwargs)
+
+    return call
+
+
+def _ungated(recurrence):
+    """A recurrence kernel without a gate, taking `gate=None` as the gated ones do (the native
+    and TPU kernels; the recurrence primitive materializes the slope for the others, so a gate
+    never reaches them) and refusing any other."""
+
+    def call(*args, gate=None, **kwargs):
+        if gate is not None:
+            raise NotImplementedError("this backend's recurrence kernel runs no gate: the slope "
+                                      "is materialized before it")
+        return recurrence(*args, **kwargs)
 
     return call
 
@@ -325,14 +337,14 @@ def kernels(backend: str) -> Kernels:
 
     if backend == "xla":
         return composed(_ignoring_tiling(_xla_thomas.solve_pnq),
-                        _ignoring_tiling(_xla_recurrence.recurrence_pnq),
+                        _ungated(_ignoring_tiling(_xla_recurrence.recurrence_pnq)),
                         _ignoring_tiling(_xla_thomas.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend == "mosaic_gpu":
         from .._pallas import mosaic_gpu as _mosaic_gpu
 
         return composed(_ignoring_tiling(_mosaic_gpu.solve_pnq),
-                        _ignoring_tiling(_mosaic_gpu.recurrence_pnq),
+                        _ungated(_ignoring_tiling(_mosaic_gpu.recurrence_pnq)),
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend in _planner.TPU_BACKENDS:
@@ -349,7 +361,7 @@ def kernels(backend: str) -> Kernels:
 
         return call
 
-    return composed(pallas(_pallas_thomas.solve_pnq), pallas(_pallas_recurrence.recurrence_pnq),
+    return composed(pallas(_pallas_thomas.solve_pnq), _ungated(pallas(_pallas_recurrence.recurrence_pnq)),
                     pallas(_pallas_thomas.factor_pnq),
                     functools.partial(_pallas_banded.solve_pnq, **options),
                     functools.partial(_pallas_block.solve_pnq, **options),

@@ -218,7 +218,6 @@ def recurrence_any(kernels, a, x, h0, *, plan, reverse: bool, shifted: bool, fin
     if plan.chunk:
         return recurrence(kernels, a, x, h0, plan=plan, reverse=reverse, shifted=shifted,
                           final_only=final_only, gate=gate, replan=replan)
-    extra = {} if gate is None else {"gate": gate}
     return kernels.recurrence(a, x, h0, reverse=reverse, shifted=shifted, activation=activation,
                               final_only=final_only, out_dtype=x.dtype, tiling=plan.tiling,
-                              **extra)
+                              gate=gate)

@@ -450,9 +450,8 @@ def recurrence_pnq(recurrence, a, x, h0, *, reverse: bool, shifted: bool, activa
     plain kernel; with `chunk`, neither it nor `final_only` is supported (final states of chunks
     come from `recurrence_ends_pnq`)."""
     if not chunk:
-        extra = {} if gate is None else {"gate": gate}
         return recurrence(a, x, h0, reverse=reverse, shifted=shifted, activation=activation,
-                          final_only=final_only, out_dtype=out_dtype, tiling=tiling, **extra)
+                          final_only=final_only, out_dtype=out_dtype, tiling=tiling, gate=gate)
     if gate is not None:
         raise NotImplementedError("the composed chunk sweeps run ungated recurrences only")
     if final_only:
