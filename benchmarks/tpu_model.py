@@ -18,6 +18,11 @@ cost analysis, also stored, counts as traffic). From these, per call:
   adjoint's (the inputs and the result read again, each gradient written: `floor_bytes`).
   The ratio is memory time over floor time.
 
+Each call's gradient is compiled two ways (`GRADIENTS`): its VJP given the result's cotangent
+("vjp": the call and its pullback, what tridiax moves), and the gradient of the loss
+(result ** 2).sum() ("loss"), where XLA also forms the cotangent 2 * result (reading the
+result and writing an array the pullback reads). Both have the same floor.
+
 What the model does not see: a sweep walks its rows one after another, so a call with few
 groups of systems per TensorCore (few systems, or long ones in narrow row tiles) is bound by
 the latency of a row step, which no TPU has measured; nor the TensorCores of a megacore chip
@@ -55,16 +60,25 @@ GOAL = 1.2  # the issue's: modelled bytes within 1.2x of the floor
 INDRNN = [("indrnn (T, F) = (1 000, 100 000), a weight per feature", (1_000, 100_000), 0, "indrnn")]
 
 
-def _entry(op: str, axis: int, grad: bool = False) -> str:
+# How a call's gradient is compiled (see the module docstring): None is the call alone.
+GRADIENTS = (None, "vjp", "loss")
+
+
+def _entry(op: str, axis: int, gradient: str | None = None) -> str:
+    """The call (`tpu_aot`'s "module:expression"), with its gradient as `GRADIENTS` says; the
+    "vjp" form takes the result's cotangent after the call's arguments."""
     if op == "solve":
         call, arguments = f"solve_tridiagonal(*b, axis={axis})", "(0, 1, 2, 3)"
     elif op == "indrnn":
         call, arguments = f"indrnn(*b, axis={axis})", "(0, 1)"
     else:
         call, arguments = f"linear_recurrence(*b, axis={axis})", "(0, 1)"
-    if grad:
+    if gradient == "loss":
         return (f"tridiax:lambda *a: __import__('jax').grad(lambda *b: ({call} ** 2).sum(), "
                 f"argnums={arguments})(*a)")
+    if gradient == "vjp":
+        return (f"tridiax:lambda *a: (lambda out, pullback: (out, pullback(a[-1])))"
+                f"(*__import__('jax').vjp(lambda *b: {call}, *a[:-1]))")
     return f"tridiax:lambda *b: {call}"
 
 
@@ -86,16 +100,21 @@ def floor_bytes(shape, op: str, axis: int = 0, grad: bool = False) -> int:
     return 3 * arguments + 2 * result if grad else arguments + result
 
 
-def model(topology: str, grad: bool = False) -> list[dict]:
-    """One row per shape: what it compiled to, its bytes over the floor, its modelled times."""
-    cases = {label: (_entry(op, axis, grad), _arguments(shape, op, axis)) for label, shape, axis, op in SHAPES + INDRNN}
+def model(topology: str, gradient: str | None = None) -> list[dict]:
+    """One row per shape: what it compiled to, its bytes over the floor, its modelled times
+    (`gradient`: one of `GRADIENTS`)."""
+    cases = {label: (_entry(op, axis, gradient), _arguments(shape, op, axis)
+                     + ([(shape, "float32")] if gradient == "vjp" else []))  # the cotangent
+             for label, shape, axis, op in SHAPES + INDRNN}
     reports = tpu_aot.compile_reports(cases, topology=topology, timeout=1800)
     rate = STREAM * HBM_BYTES_S[topology]
     rows = []
+    grad = gradient is not None
     for label, shape, axis, op in SHAPES + INDRNN:
         report = reports[label]
         floor = floor_bytes(shape, op, axis, grad=grad)
-        row = {"case": label, "topology": topology, "grad": grad, "error": report.error}
+        row = {"case": label, "topology": topology, "grad": grad, "gradient": gradient,
+               "error": report.error}
         if not report.error:
             seconds = report.hbm_bytes / rate + LAUNCH_S * len(report.kernels)
             floor_s = floor / rate + LAUNCH_S
@@ -110,15 +129,18 @@ def model(topology: str, grad: bool = False) -> list[dict]:
     return rows
 
 
+_WITH = {None: "", "vjp": " (forward and VJP)", "loss": " (forward and gradient of (result ** 2).sum())"}
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| case (float32) | chip | kernels | XLA loops | VMEM MiB | bytes / floor | modelled ms | "
              "floor ms | modelled / floor |", "|" + "---|" * 9]
     for r in rows:
         if r["error"]:
-            lines.append(f"| {r['case']}{' grad' if r['grad'] else ''} | {r['topology']} | "
+            lines.append(f"| {r['case']}{_WITH[r['gradient']]} | {r['topology']} | "
                          f"does not compile: {r['error'].splitlines()[-1][:80]} |")
             continue
-        lines.append(f"| {r['case']}{' (forward and gradient)' if r['grad'] else ''} | "
+        lines.append(f"| {r['case']}{_WITH[r['gradient']]} | "
                      f"{r['topology']} | {r['kernels']} | {r['whiles']} | {r['vmem_mib']} | "
                      f"{r['bytes_over_floor']} | {r['modelled_ms']} | {r['floor_ms']} | "
                      f"{r['modelled_over_floor']} |")
@@ -133,7 +155,7 @@ def main() -> None:
     if reason := tpu_aot.unavailable_reason():
         sys.exit(f"cannot compile for a TPU here: {reason}")
     topologies = tuple(HBM_BYTES_S) if args.all or args.write else ("v5e:2x2",)
-    rows = [r for t in topologies for grad in (False, True) for r in model(t, grad)]
+    rows = [r for t in topologies for gradient in GRADIENTS for r in model(t, gradient)]
     print(table(rows))
     if args.write:
         import jax
