@@ -249,6 +249,9 @@ def test_chunked_run_with_activation_and_unchunked_calls(backend):
                                 gate=(x, jax.nn.relu))
     with pytest.raises(NotImplementedError):
         kernels.recurrence(a, x, h0, **{**common, "final_only": True}, tiling=None, chunk=m)
+    with pytest.raises(NotImplementedError, match="ungated"):
+        kernels.recurrence(a, x, h0, **{**common, "activation": None}, tiling=None, chunk=m,
+                           gate=(x, jax.nn.relu))
     # This backend's plain kernel takes no gate (the primitive materializes the slope for it).
     with pytest.raises(NotImplementedError, match="runs no gate"):
         kernels.recurrence(a, x, h0[:, :1], **{**common, "activation": None}, tiling=None,
