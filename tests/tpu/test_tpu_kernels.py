@@ -413,6 +413,40 @@ def test_gated_recurrence_every_layout(case):
     _close(h, np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32)), dtype)
 
 
+def _entering_states(h, h0, reverse):
+    """The state entering each step of a (P, T, Q) run: h[t-1] (h[t+1] when `reverse`), h0
+    at the first step."""
+    h0 = np.broadcast_to(np.asarray(h0, np.float32), (h.shape[0], 1, h.shape[2]))
+    if reverse:
+        return np.concatenate([h[:, 1:], h0], axis=1)
+    return np.concatenate([h0, h[:, :-1]], axis=1)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "linear"])
+@pytest.mark.parametrize("case", GATED_CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[1:4]))}-{np.dtype(c[4]).name}-{c[5:8]}"
+                              f"-{c[8].__name__}-{c[9]}" for c in GATED_CASES])
+def test_sums_of_entering_states_times_the_states(case, gated):
+    """`sums`: the sum over the steps of the state entering each step times that step's
+    states, formed in the sweep (with a gate, from the rows it reads for the slope), against
+    NumPy's loop; h is unchanged."""
+    layout, P, T, Q, dtype, reverse, shifted, final_only, activation, decay = case
+    rng = np.random.default_rng(P * 1000 + T + 11)
+    a = _draw(rng, {"full": (P, T, Q), "tile": (P, 1, Q), "scalar": (1, T, 1)}[decay], dtype)
+    x, h0, states = _draw(rng, (P, T, Q), dtype), _draw(rng, (P, 1, Q), dtype), _draw(rng, (P, T, Q), dtype)
+    flags = dict(reverse=reverse, shifted=shifted, activation=None)
+    gate = (states, activation) if gated else None
+    h, total = tpu_recurrence.recurrence_pnq(a, x, h0, out_dtype=dtype, interpret=_tpu.interpret_params(),
+                                             gate=gate, sums=states, final_only=final_only, **flags)
+    sequence = _reference_recurrence(a, x, h0, gate=gate, final_only=False, **flags)
+    products = _entering_states(sequence, h0.astype(jnp.float32), reverse) * np.asarray(
+        states.astype(jnp.float32))
+    assert total.shape == (P, 1, Q) and total.dtype == jnp.float32
+    _close(total, products.sum(axis=1, keepdims=True), dtype)
+    want = sequence[:, -1:] if final_only and not reverse else sequence[:, :1] if final_only else sequence
+    _close(h, np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32)), dtype)
+
+
 def test_a_gate_takes_real_linear_recurrences_of_relu_or_tanh_only():
     a = x = states = jnp.ones((1, 8, 128), jnp.float32)
     h0 = jnp.zeros((1, 1, 128), jnp.float32)
