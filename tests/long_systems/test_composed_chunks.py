@@ -226,7 +226,7 @@ def test_recurrence_sweeps_match_native(case, backend, dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_run_with_activation_and_unchunked_calls(backend):
     """An activation rides along the chunked run; chunk=0 is the plain kernel (with gate=None);
-    gates, with chunks or without, and final_only with chunks are refused."""
+    gates and sums, with chunks or without, and final_only with chunks are refused."""
     P, T, Q, m = 2, 37, 3, 7
     C = -(-T // m)
     rng = np.random.default_rng(5)
@@ -252,10 +252,17 @@ def test_chunked_run_with_activation_and_unchunked_calls(backend):
     with pytest.raises(NotImplementedError, match="ungated"):
         kernels.recurrence(a, x, h0, **{**common, "activation": None}, tiling=None, chunk=m,
                            gate=(x, jax.nn.relu))
-    # This backend's plain kernel takes no gate (the primitive materializes the slope for it).
+    with pytest.raises(NotImplementedError, match="without sums"):
+        kernels.recurrence(a, x, h0, **{**common, "activation": None}, tiling=None, chunk=m,
+                           sums=x)
+    # This backend's plain kernel reads no states: it takes no gate (the primitive materializes
+    # the slope for it) and forms no sums (the primitive forms them after it).
     with pytest.raises(NotImplementedError, match="runs no gate"):
         kernels.recurrence(a, x, h0[:, :1], **{**common, "activation": None}, tiling=None,
                            gate=(x, jax.nn.relu))
+    with pytest.raises(NotImplementedError, match="forms no sums"):
+        kernels.recurrence(a, x, h0[:, :1], **{**common, "activation": None}, tiling=None,
+                           sums=x)
 
 
 def test_invalid_chunk_is_refused():

@@ -362,7 +362,7 @@ def test_few_long_recurrences_run_whole_as_runs_side_by_side():
     np.testing.assert_allclose(h, _scan(a, x, axis=0), rtol=1e-5, atol=1e-5)
 
 
-def _scan(a, x, *, axis, reverse=False, activation=lambda v: v):
+def _scan(a, x, *, axis, reverse=False, activation=lambda v: v, initial=None, final_only=False):
     """An independent reference: lax.scan over the time axis."""
     a, x = (jnp.moveaxis(jnp.broadcast_to(v, np.broadcast_shapes(a.shape, x.shape)), axis, 0)
             for v in (a, x))
@@ -371,8 +371,9 @@ def _scan(a, x, *, axis, reverse=False, activation=lambda v: v):
         h = activation(ax[0] * h + ax[1])
         return h, h
 
-    _, h = jax.lax.scan(step, jnp.zeros_like(x[0]), (a, x), reverse=reverse)
-    return jnp.moveaxis(h, 0, axis)
+    h0 = jnp.zeros_like(x[0]) if initial is None else jnp.broadcast_to(initial, x[0].shape)
+    last, h = jax.lax.scan(step, h0, (a, x), reverse=reverse)
+    return last if final_only else jnp.moveaxis(h, 0, axis)
 
 
 @pytest.mark.parametrize("activation", [None, jax.nn.relu, jnp.tanh], ids=["linear", "relu", "tanh"])
@@ -393,27 +394,28 @@ def test_recurrence_and_its_gradients(activation):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
-def _kernel_gates(monkeypatch):
-    """The `gate` of every call of the TPU recurrence kernel from now on (None: ungated), in
-    order."""
-    gates = []
+def _kernel_calls(monkeypatch):
+    """(gate, whether it formed sums) of every call of the TPU recurrence kernel from now on
+    (gate None: ungated), in order."""
+    calls = []
     kernel = tpu_recurrence.recurrence_pnq
 
-    def spy(*args, gate=None, **kwargs):
-        gates.append(gate)
-        return kernel(*args, gate=gate, **kwargs)
+    def spy(*args, gate=None, sums=None, **kwargs):
+        calls.append((gate, sums is not None))
+        return kernel(*args, gate=gate, sums=sums, **kwargs)
 
     monkeypatch.setattr(tpu_recurrence, "recurrence_pnq", spy)
-    return gates
+    return calls
 
 
 @pytest.mark.parametrize("activation", [jax.nn.relu, jnp.tanh], ids=["relu", "tanh"])
 @pytest.mark.parametrize("shape,axis", [((40, 1030), 0), ((300, 37), 1), ((3, 50, 6), 1)])
 def test_indrnn_gradients_gate_the_kernel(activation, shape, axis, monkeypatch):
     """IndRNN's gradients (a weight per feature, and per step too): the reversed recurrence is
-    gated in the TPU kernel (the slope from the stored states, `gate`), never materialized;
-    against XLA's loop, in every layout (lanes, batch-first, sublanes)."""
-    gates = _kernel_gates(monkeypatch)
+    gated in the TPU kernel (the slope from the stored states, `gate`), never materialized, and
+    with a weight per feature it also sums the weight's cotangent (`sums`); against XLA's
+    loop, in every layout (lanes, batch-first, sublanes)."""
+    calls = _kernel_calls(monkeypatch)
     rng = np.random.default_rng(sum(shape))
     x = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
     features = [1] * len(shape)
@@ -424,14 +426,59 @@ def test_indrnn_gradients_gate_the_kernel(activation, shape, axis, monkeypatch):
         def loss(w, z, backend):
             return jnp.sum(jnp.cos(recurrence(w, z, axis=axis, activation=activation, backend=backend)))
 
-        gates.clear()
+        def reference(w, z):
+            return jnp.sum(jnp.cos(_scan(w, z, axis=axis, activation=activation)))
+
+        calls.clear()
         got = jax.grad(loss, argnums=(0, 1))(weight, x, BACKEND)
         # the forward, then the gradient's reversed recurrence
-        assert [g is not None and g[1] is activation for g in gates] == [False, True]
-        want = jax.grad(loss, argnums=(0, 1))(weight, x, "xla")
+        assert [g is not None and g[1] is activation for g, _ in calls] == [False, True]
+        assert [sums for _, sums in calls] == [False, weight_shape == tuple(features)]
+        want = jax.grad(reference, argnums=(0, 1))(weight, x)
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("reverse,final_only", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("shape,axis", [((40, 1030), 0), ((300, 37), 1), ((3, 50, 6), 1)])
+def test_decays_constant_in_time_sum_their_cotangent_in_the_kernel(shape, axis, reverse, final_only,
+                                                                   monkeypatch):
+    """A linear recurrence with a decay per sequence: the gradient's reversed recurrence sums
+    the decay's cotangent (g[t] h[t-1] over time) in the TPU kernel (`sums`), where XLA would
+    read g and h again; against XLA's loop, reversed and final state only, in every layout;
+    under vmap, and to second order (a Hessian-vector product through the sums' JVP)."""
+    calls = _kernel_calls(monkeypatch)
+    rng = np.random.default_rng(sum(shape) + reverse + 2 * final_only)
+    x = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+    decay_shape = [1] * len(shape)
+    decay_shape[-1 if axis == 0 else 0] = shape[-1 if axis == 0 else 0]
+    a = jnp.asarray(rng.uniform(0.5, 0.99, decay_shape), jnp.float32)
+    h0 = jnp.asarray(rng.uniform(-1, 1, shape[:axis] + shape[axis + 1:]), jnp.float32)
+
+    def loss(a, x, h0, backend):
+        h = recurrence(a, x, axis=axis, reverse=reverse, final_only=final_only, initial=h0,
+                       backend=backend)
+        return jnp.sum(jnp.sin(h))
+
+    def reference(a, x, h0):
+        return jnp.sum(jnp.sin(_scan(a, x, axis=axis, reverse=reverse, initial=h0, final_only=final_only)))
+
+    got = jax.grad(loss, argnums=(0, 1, 2))(a, x, h0, BACKEND)
+    assert [sums for _, sums in calls] == [False, True]
+    want = jax.grad(reference, argnums=(0, 1, 2))(a, x, h0)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())
+    if final_only or reverse:
+        return
+    batched = jax.vmap(jax.grad(loss), in_axes=(None, 0, None, None))(a, jnp.stack([x, -x]), h0, BACKEND)
+    np.testing.assert_allclose(batched[0], got[0], rtol=1e-4, atol=1e-5 * np.abs(got[0]).max())
+    direction = jnp.asarray(rng.uniform(-1, 1, decay_shape), jnp.float32)
+
+    want = jax.jvp(lambda a: jax.grad(reference)(a, x, h0), (a,), (direction,))[1]
+    got = jax.jvp(lambda a: jax.grad(loss)(a, x, h0, BACKEND), (a,), (direction,))[1]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
 
 
 def test_a_chunked_gated_recurrence_materializes_its_slope(monkeypatch):
@@ -440,7 +487,7 @@ def test_a_chunked_gated_recurrence_materializes_its_slope(monkeypatch):
     values."""
     from tridiax._recurrence.primitive import gated_recurrence_p
 
-    gates = _kernel_gates(monkeypatch)
+    calls = _kernel_calls(monkeypatch)
     rng = np.random.default_rng(5)
     a, x, states = (jnp.asarray(rng.uniform(-1, 1, (100, 130)), jnp.float32) for _ in range(3))
     h0 = jnp.zeros((1, 130), jnp.float32)
@@ -451,9 +498,9 @@ def test_a_chunked_gated_recurrence_materializes_its_slope(monkeypatch):
 
     want = run("xla", None)
     for chunk, gated in [(16, False), (0, True)]:
-        gates.clear()
+        calls.clear()
         np.testing.assert_allclose(run(BACKEND, chunk), want, rtol=1e-5, atol=1e-6)
-        assert gates and all((g is not None) == gated for g in gates), (chunk, gates)
+        assert calls and all((g is not None) == gated for g, _ in calls), (chunk, calls)
 
 
 @pytest.mark.parametrize("axis", [0, -1])

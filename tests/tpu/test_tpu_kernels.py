@@ -447,6 +447,19 @@ def test_sums_of_entering_states_times_the_states(case, gated):
     _close(h, np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32)), dtype)
 
 
+def test_sums_take_real_linear_recurrences_and_a_gates_own_states():
+    a = x = states = jnp.ones((1, 8, 128), jnp.float32)
+    h0 = jnp.zeros((1, 1, 128), jnp.float32)
+    flags = dict(reverse=False, shifted=False, final_only=False, interpret=_tpu.interpret_params())
+    for activation, dtype in [(jnp.tanh, F32), (None, jnp.complex64)]:
+        with pytest.raises(ValueError, match="sums products with the states of real linear"):
+            tpu_recurrence.recurrence_pnq(a, x, h0, activation=activation, out_dtype=dtype, sums=states,
+                                          **flags)
+    with pytest.raises(ValueError, match="with the gate's states only"):
+        tpu_recurrence.recurrence_pnq(a, x, h0, activation=None, out_dtype=F32, gate=(states, jnp.tanh),
+                                      sums=states + 1, **flags)
+
+
 def test_a_gate_takes_real_linear_recurrences_of_relu_or_tanh_only():
     a = x = states = jnp.ones((1, 8, 128), jnp.float32)
     h0 = jnp.zeros((1, 1, 128), jnp.float32)

@@ -116,16 +116,22 @@ def test_shared_matrix_stays_replicated():
     assert f(b).sharding.is_equivalent_to(NamedSharding(mesh, P(None, "x")), 2)
 
 
-@pytest.mark.parametrize("name", ["linear", "indrnn", "final_only", "grad"])
+@pytest.mark.parametrize("name", ["linear", "indrnn", "final_only", "grad", "grad-decay-per-sequence",
+                                  "grad-weight-per-feature"])
 def test_batch_sharded_recurrences_move_nothing(name):
     mesh, spec = mesh_of("4x2"), P(None, "x", "y")
     rng = np.random.default_rng(4)
     a, x = rng.uniform(0.2, 1, (30, 8, 6)), rng.standard_normal((30, 8, 6))
+    # coefficients constant in time: their cotangent is summed in the reversed run
+    # (`recurrence_sums_p`), a second result sharded as the states are
     f = {"linear": lambda a, x: tridiax.linear_recurrence(a, x),
          "indrnn": lambda a, x: tridiax.indrnn(a, x),
          "final_only": lambda a, x: tridiax.linear_recurrence(a, x, final_only=True),
          "grad": lambda a, x: jax.vjp(lambda a, x: tridiax.indrnn(a, x, activation=jnp.tanh),
-                                      a, x)[1](x)}[name]
+                                      a, x)[1](x),
+         "grad-decay-per-sequence": lambda a, x: jax.vjp(tridiax.linear_recurrence, a[:1], x)[1](x),
+         "grad-weight-per-feature": lambda a, x: jax.vjp(
+             lambda w, x: tridiax.indrnn(w, x, activation=jnp.tanh), a[0], x)[1](x)}[name]
     out, moved = run_sharded(f, [a, x], mesh, spec)
     assert moved == []
     if name in ("linear", "indrnn"):

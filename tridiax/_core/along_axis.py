@@ -36,6 +36,18 @@ def broadcast_along(x: Array, axis: int, n: int) -> Array:
     return out.reshape(shape[:axis] + (n,) + shape[axis + 1 :])
 
 
+def sum_along(x: Array, axis: int) -> Array:
+    """The sum of `x` over `axis`, kept as a dimension of size 1: the transpose of
+    `broadcast_along`, a batched matrix-vector product with ones (XLA:CPU runs a reduce_sum
+    over an axis other than the last as a strided loop)."""
+    shape = jnp.shape(x)
+    P, n, Q = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
+    ones = jnp.ones((P, n), x.dtype)
+    out = lax.dot_general(ones, jnp.reshape(x, (P, n, Q)), (((1,), (1,)), ((0,), (0,))),
+                          precision=lax.Precision.HIGHEST)  # (P, Q)
+    return out.reshape(shape[:axis] + (1,) + shape[axis + 1 :])
+
+
 def roll(x: Array, k: int, axis: int) -> Array:
     """out[i] = x[(i - k) mod n] along `axis` (k = +1 or -1): two slices and a concatenate."""
     n = x.shape[axis]

@@ -250,7 +250,8 @@ class Kernels(NamedTuple):
     - `chunk_ends`, `chunk_solve`: the partition method's sweeps (`_long_systems/chunked.py`);
     - `factor(l, d, u, *, out_dtype, tiling)`: the factors of A = L D V;
     - `recurrence(a, x, h0, *, reverse, shifted, activation, final_only, out_dtype, tiling,
-      chunk=0, gate=None)` and `recurrence_ends`: recurrences and their chunked sweep;
+      chunk=0, gate=None, sums=None)` and `recurrence_ends`: recurrences and their chunked
+      sweep (`sums`: the TPU kernel's only);
     - `banded(ab, b, *, l, u, kind, transposed, out_dtype)`: banded solves over
       ((l + u + 1), P|1, N|1, Q|1) bands (`_banded/xla.py` states the algorithm);
     - `block(lower, diag, upper, b, *, kind, transposed, out_dtype)`: block-tridiagonal
@@ -279,15 +280,19 @@ def _ignoring_tiling(fn):
     return call
 
 
-def _ungated(recurrence):
-    """A recurrence kernel without a gate, taking `gate=None` as the gated ones do (the native
-    and TPU kernels; the recurrence primitive materializes the slope for the others, so a gate
-    never reaches them) and refusing any other."""
+def _without_states(recurrence):
+    """A recurrence kernel that reads no states, taking `gate=None` and `sums=None` as the TPU
+    kernel does and refusing others: the recurrence primitive materializes the slope of a gate
+    (the native kernel has gates too) and forms the sums after the run for every other kernel,
+    so neither reaches them."""
 
-    def call(*args, gate=None, **kwargs):
+    def call(*args, gate=None, sums=None, **kwargs):
         if gate is not None:
             raise NotImplementedError("this backend's recurrence kernel runs no gate: the slope "
                                       "is materialized before it")
+        if sums is not None:
+            raise NotImplementedError("this backend's recurrence kernel forms no sums: they are "
+                                      "formed after it")
         return recurrence(*args, **kwargs)
 
     return call
@@ -337,14 +342,14 @@ def kernels(backend: str) -> Kernels:
 
     if backend == "xla":
         return composed(_ignoring_tiling(_xla_thomas.solve_pnq),
-                        _ungated(_ignoring_tiling(_xla_recurrence.recurrence_pnq)),
+                        _without_states(_ignoring_tiling(_xla_recurrence.recurrence_pnq)),
                         _ignoring_tiling(_xla_thomas.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend == "mosaic_gpu":
         from .._pallas import mosaic_gpu as _mosaic_gpu
 
         return composed(_ignoring_tiling(_mosaic_gpu.solve_pnq),
-                        _ungated(_ignoring_tiling(_mosaic_gpu.recurrence_pnq)),
+                        _without_states(_ignoring_tiling(_mosaic_gpu.recurrence_pnq)),
                         _ignoring_tiling(_mosaic_gpu.factor_pnq),
                         _xla_banded.solve_pnq, _xla_block.solve_pnq)
     if backend in _planner.TPU_BACKENDS:
@@ -361,7 +366,7 @@ def kernels(backend: str) -> Kernels:
 
         return call
 
-    return composed(pallas(_pallas_thomas.solve_pnq), _ungated(pallas(_pallas_recurrence.recurrence_pnq)),
+    return composed(pallas(_pallas_thomas.solve_pnq), _without_states(pallas(_pallas_recurrence.recurrence_pnq)),
                     pallas(_pallas_thomas.factor_pnq),
                     functools.partial(_pallas_banded.solve_pnq, **options),
                     functools.partial(_pallas_block.solve_pnq, **options),

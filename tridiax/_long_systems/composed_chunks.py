@@ -443,17 +443,19 @@ def recurrence_ends_pnq(recurrence, a, x, *, reverse: bool, shifted: bool, chunk
 
 
 def recurrence_pnq(recurrence, a, x, h0, *, reverse: bool, shifted: bool, activation,
-                   final_only: bool, out_dtype, tiling, chunk: int = 0, gate=None):
+                   final_only: bool, out_dtype, tiling, chunk: int = 0, gate=None, sums=None):
     """The plain kernel `recurrence` over (P|1, T|1, Q|1) operands, and with `chunk` > 0 the
     chunked run of `_native.recurrence_pnq`: h0 is (P|1, C, Q|1), the state entering each chunk
-    of `chunk` steps in scan order; returns (P, T, Q) in `out_dtype`. `gate` is passed to the
-    plain kernel; with `chunk`, neither it nor `final_only` is supported (final states of chunks
-    come from `recurrence_ends_pnq`)."""
+    of `chunk` steps in scan order; returns (P, T, Q) in `out_dtype`. `gate` and `sums` are
+    passed to the plain kernel (`_recurrence/pallas_tpu.py`); with `chunk`, neither they nor
+    `final_only` are supported (final states of chunks come from `recurrence_ends_pnq`)."""
     if not chunk:
         return recurrence(a, x, h0, reverse=reverse, shifted=shifted, activation=activation,
-                          final_only=final_only, out_dtype=out_dtype, tiling=tiling, gate=gate)
-    if gate is not None:
-        raise NotImplementedError("the composed chunk sweeps run ungated recurrences only")
+                          final_only=final_only, out_dtype=out_dtype, tiling=tiling, gate=gate,
+                          sums=sums)
+    if gate is not None or sums is not None:
+        raise NotImplementedError("the composed chunk sweeps run ungated recurrences only, "
+                                  "without sums")
     if final_only:
         raise NotImplementedError("a chunked run writes every state; final states of chunks "
                                   "come from recurrence_ends")

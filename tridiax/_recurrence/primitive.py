@@ -23,6 +23,15 @@ recurrence's states (operand `states`, param `gate`: relu or tanh, whose derivat
 of their output). The native and TPU kernels compute s inside the sweep, so neither s nor s*a
 is ever written to memory; other backends materialize them. Its transpose is the reverse-time gated
 recurrence z[t] = s[t] * (g[t] + c[t+1]*z[t+1]) with the same gate.
+
+A real coefficient constant in time (IndRNN's weight, a decay per sequence) has the cotangent
+sum_t g[t] * h[t-1], which XLA would form in a pass of its own over g and h. Its JVP binds
+`recurrence_tangent_p` instead, the same tangent recurrence (gated or not) as one primitive
+linear in (x', h0', a'), whose transpose binds `recurrence_sums_p`: the reverse-time run and the
+sum over its steps of the state entering each step times the states h there, which the TPU
+kernel forms in the sweep (`_recurrence/pallas_tpu.py`, `sums`; with a gate, from the rows it
+reads for the slope) and XLA after the run on other backends. Both primitives are composed of
+the ones above for their JVPs and other lowerings, so higher orders work as before.
 """
 
 from __future__ import annotations
@@ -61,11 +70,12 @@ def _abstract_eval(a, x, h0, *states, axis, final_only, **_):
 
 def _lowering(platform: str):
     def run(a, x, h0, *states, axis, reverse, shifted, final_only, backend, chunk,
-            activation=None, gate=None):
+            activation=None, gate=None, sums=False):
         full = _layout.broadcast_shape(a, x, h0, *states)
         out = _out_shape(full, axis, final_only)
         if 0 in full:
-            return jnp.zeros(out, x.dtype)
+            zeros = jnp.zeros(out, x.dtype)
+            return (zeros, jnp.zeros(_out_shape(full, axis, True), x.dtype)) if sums else zeros
         backend = backend or _backend.default_backend(platform, x.dtype, activation=activation,
                                                       op="recurrence")
         kernels = _backend.kernels(backend)
@@ -73,8 +83,10 @@ def _lowering(platform: str):
         # The gate's slope computed in the sweep (the native and TPU kernels know every
         # activation that gates, relu and tanh; the TPU kernel in real dtypes, unchunked, which
         # a TPU recurrence is unless told otherwise), else materialized.
-        in_kernel = _gates(gate) and (backend == "native" or (
-            backend in _planner.TPU_BACKENDS and not chunk and not jnp.iscomplexobj(x)))
+        on_tpu = backend in _planner.TPU_BACKENDS and not chunk and not jnp.iscomplexobj(x)
+        in_kernel = _gates(gate) and (backend == "native" or on_tpu)
+        # The sums of `sums` formed in the sweep (the TPU kernel), else by XLA after it.
+        sums_in_kernel = sums and on_tpu and not jnp.iscomplexobj(states[0])
 
         def plan(P, T, Q, override, gated=False):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
@@ -87,7 +99,14 @@ def _lowering(platform: str):
                 from .._pallas import tpu as _tpu  # the operands as TPU memory holds them
 
                 operands, along, back = _tpu.in_physical_order(operands, axis, x.dtype)
-            return back(run_along(along, *operands, shifted=shifted, final_only=final_only))
+            h, total = run_along(along, *operands, shifted=shifted, final_only=final_only)
+            if not sums:
+                return back(h)
+            h = back(h)
+            if total is None:  # the state entering each step times its states, summed
+                entering = previous_states(h, h0, axis=axis, reverse=reverse)
+                return h, _along.sum_along(entering * states[0], axis).astype(x.dtype)
+            return h, back(total).astype(x.dtype)
 
         def run_along(axis, a, x, h0, *states, shifted, final_only):
             """`local_recurrence` of sequences along `axis`."""
@@ -100,18 +119,24 @@ def _lowering(platform: str):
                                         N=T)
             (a, x, h0, *states), P, Q, back = _layout.columns_if(move, (a, x, h0, *states), P, Q)
             gated = None
-            if states and in_kernel:
+            if gate is not None and in_kernel:
                 gated = (states[0], gate)
-            elif states:  # s * c and s * x written out, run ungated
+            elif gate is not None:  # s * c and s * x written out, run ungated
                 slope = _slope(gate, states[0], None)
                 a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
                 x, shifted = slope * x, False
+            if sums_in_kernel:
+                h, total = kernels.recurrence(a, x, h0, reverse=reverse, shifted=shifted,
+                                              activation=None, final_only=False, out_dtype=x.dtype,
+                                              tiling=None, gate=gated, sums=states[0])
+                return (back(h).reshape(shape),
+                        back(total).reshape(_out_shape(shape, axis, True)))
             h = _chunked.recurrence_any(
                 kernels, a, x, h0, plan=plan(P, T, Q, chunk, gated=gated is not None),
                 reverse=reverse, shifted=shifted, final_only=final_only, gate=gated,
                 activation=activation,
                 replan=lambda P, C, Q: plan(P, C, Q, None if chunk != 0 else 0))
-            return back(h).reshape(_out_shape(shape, axis, final_only))
+            return back(h).reshape(_out_shape(shape, axis, final_only)), None
 
         def local(*operands):
             return local_recurrence(*operands, shifted=shifted, final_only=final_only)
@@ -122,7 +147,8 @@ def _lowering(platform: str):
             _partition_method.recurrence_split, axis=axis, reverse=reverse, shifted=shifted,
             final_only=final_only, local_recurrence=local_recurrence)
         operands = (a, x, h0, *states)
-        return _sharding.partitioned(local, [v.shape for v in operands], [out], axis,
+        outs = [out, _out_shape(full, axis, True)] if sums else [out]
+        return _sharding.partitioned(local, [v.shape for v in operands], outs, axis,
                                      split=split)(*operands)
 
     return run
@@ -132,9 +158,48 @@ gated_recurrence_p = VaryingPrimitive("tridiax_gated_recurrence")
 def_jit_impl(gated_recurrence_p)
 gated_recurrence_p.def_abstract_eval(_abstract_eval)
 
+# The reversed run of a transpose with the cotangent of a coefficient constant in time:
+# (g, the sum over the steps of the state entering each step times that step's states), the
+# second formed in the sweep by the TPU kernel (`_recurrence/pallas_tpu.py`, `sums`) and by XLA
+# after the run elsewhere. Operands (a, x, h0, states), params those of `gated_recurrence_p`
+# (`gate`: the activation whose slope gates the run, or None) without `final_only`.
+recurrence_sums_p = VaryingPrimitive("tridiax_recurrence_sums")
+recurrence_sums_p.multiple_results = True
+def_jit_impl(recurrence_sums_p)
+
+
+@recurrence_sums_p.def_abstract_eval
+def _sums_abstract_eval(a, x, h0, states, *, axis, **_):
+    full = _layout.broadcast_shape(a, x, h0, states)
+    return [ShapedArray(full, x.dtype), ShapedArray(_out_shape(full, axis, True), x.dtype)]
+
+
+def _sums_lowering(platform: str):
+    run = _lowering(platform)
+
+    def sums(a, x, h0, states, **params):
+        return run(a, x, h0, states, final_only=False, sums=True, **params)
+
+    return sums
+
+
+def _sums_composed(a, x, h0, states, *, axis, reverse, shifted, gate, backend, chunk):
+    """`recurrence_sums_p` from the recurrence primitives (its JVP)."""
+    params = dict(axis=axis, reverse=reverse, shifted=shifted, final_only=False, backend=backend,
+                  chunk=chunk)
+    if gate is None:
+        h = recurrence_p.bind(a, x, h0, activation=None, **params)
+    else:
+        h = gated_recurrence_p.bind(a, x, h0, states, gate=gate, **params)
+    entering = previous_states(h, h0, axis=axis, reverse=reverse)
+    return h, _along.sum_along(entering * states, axis)
+
+
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
     _sharding.register_lowering(recurrence_p, _lowering(_platform), _platform)
     _sharding.register_lowering(gated_recurrence_p, _lowering(_platform), _platform)
+    _sharding.register_lowering(recurrence_sums_p, _sums_lowering(_platform), _platform,
+                                multiple_results=True)
 
 
 def _first_index(T, reverse):
@@ -208,6 +273,12 @@ def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, b
     else:
         h = recurrence_p.bind(a, x, h0, shifted=shifted, activation=activation,
                               final_only=final_only, **params)
+    if a_t is not None and _sums_apply(a, x, axis, activation):
+        # The coefficient is constant in time: its cotangent is summed in the transpose's run.
+        zeros = [jnp.zeros_like(v) if t is None else t for v, t in ((x, x_t), (h0, h0_t))]
+        return h, recurrence_tangent_p.bind(
+            a, *zeros, a_t, h_seq, h0, shifted=shifted, gate=activation,
+            final_only=final_only, **params)
     inputs = [] if x_t is None else [x_t]
     if a_t is not None:
         inputs.append(_coefficients(a_t, T, axis=axis, reverse=reverse, shifted=shifted) * h_prev)
@@ -229,6 +300,99 @@ def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, b
 
 
 ad.primitive_jvps[recurrence_p] = _jvp
+
+
+def _sums_apply(a, x, axis, activation) -> bool:
+    """Whether the coefficient's tangent goes through `recurrence_tangent_p`: a real
+    coefficient constant in time (IndRNN's weight, a decay per sequence), in a linear recurrence
+    or one whose derivatives run gated."""
+    return (a.shape[axis] == 1 and not jnp.iscomplexobj(a) and not jnp.iscomplexobj(x)
+            and (activation is None or _gates(activation)))
+
+
+# The tangent of a recurrence whose coefficient is constant in time, linear in (x', h0', a'):
+# the linear recurrence (gated by `gate`'s slope of the states h, or None) of
+# x' + a' * h[t-1]. Operands (a, x', h0', a', h, h0); params those of `gated_recurrence_p`.
+# Its transpose gives a''s cotangent from `recurrence_sums_p`, so that the sum of
+# g[t] * h[t-1] over time needs no pass of its own.
+recurrence_tangent_p = VaryingPrimitive("tridiax_recurrence_tangent")
+def_jit_impl(recurrence_tangent_p)
+
+
+@recurrence_tangent_p.def_abstract_eval
+def _tangent_abstract_eval(a, x_t, h0_t, a_t, h, h0, *, axis, final_only, **_):
+    full = _layout.broadcast_shape(a, x_t, h0_t, a_t, h, h0)
+    return ShapedArray(_out_shape(full, axis, final_only), x_t.dtype)
+
+
+def _tangent_composed(a, x_t, h0_t, a_t, h, h0, *, axis, reverse, shifted, gate, final_only,
+                      backend, chunk):
+    """`recurrence_tangent_p` from the recurrence primitives."""
+    T = h.shape[axis]
+    h_prev = previous_states(h, h0, axis=axis, reverse=reverse)
+    x_in = x_t + _coefficients(a_t, T, axis=axis, reverse=reverse, shifted=shifted) * h_prev
+    params = dict(axis=axis, reverse=reverse, shifted=shifted, final_only=final_only,
+                  backend=backend, chunk=chunk)
+    if gate is None:
+        return recurrence_p.bind(a, x_in, h0_t, activation=None, **params)
+    return gated_recurrence_p.bind(a, x_in, h0_t, h, gate=gate, **params)
+
+
+def _tangent_transpose(h_bar, a, x_t, h0_t, a_t, h, h0, *, axis, reverse, shifted, gate,
+                       final_only, backend, chunk):
+    if any(ad.is_undefined_primal(v) for v in (a, h, h0)):
+        raise NotImplementedError("the tangent recurrence is linear in x', h0' and a' only")
+    linear = (x_t, h0_t, a_t)
+    avals = [v.aval if ad.is_undefined_primal(v) else None for v in linear]
+    if type(h_bar) is ad.Zero:
+        return (None, *(None if aval is None else ad.Zero(aval) for aval in avals), None, None)
+    T = h.shape[axis]
+    if final_only:  # the cotangent of the last state only
+        config = [(0, 0, 0)] * h_bar.ndim
+        config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
+        h_bar = jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
+    zero_h0 = jnp.zeros((1,) * h_bar.ndim, h_bar.dtype)
+    g, total = recurrence_sums_p.bind(a, h_bar, zero_h0, h, axis=axis, reverse=not reverse,
+                                      shifted=not shifted, gate=gate, backend=backend, chunk=chunk)
+    first = _first_index(T, reverse)
+    g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
+    x_ct = h0_ct = a_ct = None
+    if avals[0] is not None:
+        x_ct = _along.unbroadcast(g, avals[0].shape)
+    if avals[1] is not None:
+        if shifted:  # the shifted recurrence multiplies h0 by zero
+            h0_ct = ad.Zero(avals[1])
+        else:
+            a_index = first if a.shape[axis] > 1 else 0
+            a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
+            h0_ct = _along.unbroadcast(a_first * g_first, avals[1].shape)
+    if avals[2] is not None:
+        # sum over t of g[t] h[t-1]: the run's sum (the state entering each of its steps,
+        # g[t+1] or g[t-1], times h[t]) and the first step's g times h0 (zero when shifted)
+        if not shifted:
+            total = total + g_first * h0.astype(g.dtype)
+        a_ct = _along.unbroadcast(total, avals[2].shape)
+    return (None, x_ct, h0_ct, a_ct, None, None)
+
+
+def _tangent_jvp(primals, tangents, **params):
+    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
+                     for p, t in zip(primals, tangents, strict=True))
+    return jax.jvp(functools.partial(_tangent_composed, **params), tuple(primals), tangents)
+
+
+def _sums_jvp(primals, tangents, **params):
+    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
+                     for p, t in zip(primals, tangents, strict=True))
+    out, out_t = jax.jvp(functools.partial(_sums_composed, **params), tuple(primals), tangents)
+    return list(out), list(out_t)
+
+
+for _platform in ("cpu", "cuda", "rocm", "tpu"):
+    _sharding.register_lowering(recurrence_tangent_p, _tangent_composed, _platform)
+ad.primitive_jvps[recurrence_tangent_p] = _tangent_jvp
+ad.primitive_transposes[recurrence_tangent_p] = _tangent_transpose
+ad.primitive_jvps[recurrence_sums_p] = _sums_jvp
 
 
 def _gates(activation) -> bool:
@@ -314,3 +478,12 @@ def _batcher(primitive):
 
 batching.primitive_batchers[recurrence_p] = _batcher(recurrence_p)
 batching.primitive_batchers[gated_recurrence_p] = _batcher(gated_recurrence_p)
+batching.primitive_batchers[recurrence_tangent_p] = _batcher(recurrence_tangent_p)
+
+
+def _sums_batch(operands, dims, *, axis, **params):
+    moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=1)
+    return recurrence_sums_p.bind(*moved, axis=axis, **params), [bdim, bdim]
+
+
+batching.primitive_batchers[recurrence_sums_p] = _sums_batch
