@@ -316,7 +316,8 @@ def test_split_axis_fallbacks_gather_and_stay_correct(case):
     assert any(op == "all-gather" for op, _ in moved)
 
 
-@pytest.mark.parametrize("name", ["linear", "reverse", "final_only", "grad", "indrnn relu"])
+@pytest.mark.parametrize("name", ["linear", "reverse", "final_only", "grad", "grad decay per sequence",
+                                  "indrnn relu"])
 @pytest.mark.parametrize("mesh,shape,axis,spec", SPLIT_CASES[:3])
 def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
     mesh = mesh_of(mesh)
@@ -325,7 +326,10 @@ def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
     a, x = rng.uniform(-1, 1, shape), rng.standard_normal(shape)
     state = tuple(s for i, s in enumerate(shape) if i != axis % len(shape))
     h0 = rng.standard_normal(state)
+    decay = np.take(a, [0], axis=axis)  # constant in time: its cotangent sums over the split axis
     f = {"linear": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, initial=h0),
+         "grad decay per sequence": lambda a, x: jax.vjp(lambda d, x: tridiax.linear_recurrence(
+             d, x, axis=axis, initial=h0), jnp.asarray(decay), x)[1](x),
          "reverse": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, reverse=True),
          "final_only": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, initial=h0,
                                                               final_only=True),
@@ -336,7 +340,9 @@ def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
     if name == "indrnn relu":
         return  # nonlinear: the time axis is gathered (documented), correct all the same
     assert_small_exchange(moved, shape, axis, devices,
-                          values_per_system=6 if name == "grad" else 2)
+                          values_per_system=6 if name.startswith("grad") else 2)
+    if name == "grad decay per sequence":
+        out = out[1]  # the decay's cotangent has no time axis to split
     if name != "final_only":
         for o in jax.tree.leaves(out):
             assert o.sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape))

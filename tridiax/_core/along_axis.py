@@ -37,15 +37,17 @@ def broadcast_along(x: Array, axis: int, n: int) -> Array:
 
 
 def sum_along(x: Array, axis: int) -> Array:
-    """The sum of `x` over `axis`, kept as a dimension of size 1: the transpose of
+    """The sum of `x` over `axis`, kept as a dimension of size 1: as the transpose of
     `broadcast_along`, a batched matrix-vector product with ones (XLA:CPU runs a reduce_sum
     over an axis other than the last as a strided loop)."""
     shape = jnp.shape(x)
-    P, n, Q = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
-    ones = jnp.ones((P, n), x.dtype)
-    out = lax.dot_general(ones, jnp.reshape(x, (P, n, Q)), (((1,), (1,)), ((0,), (0,))),
-                          precision=lax.Precision.HIGHEST)  # (P, Q)
-    return out.reshape(shape[:axis] + (1,) + shape[axis + 1 :])
+    # The dimensions before `axis` as batch dimensions, not merged into one: a reshape would
+    # make a sharded array gather.
+    ones = jnp.ones(shape[: axis + 1], x.dtype)
+    batch = tuple(range(axis))
+    out = lax.dot_general(ones, x, (((axis,), (axis,)), (batch, batch)),
+                          precision=lax.Precision.HIGHEST)  # shape without `axis`
+    return jnp.expand_dims(out, axis)
 
 
 def roll(x: Array, k: int, axis: int) -> Array:

@@ -29,8 +29,9 @@ sum_t g[t] * h[t-1], which XLA would form in a pass of its own over g and h. Its
 `recurrence_tangent_p` instead, the same tangent recurrence (gated or not) as one primitive
 linear in (x', h0', a'), whose transpose binds `recurrence_sums_p`: the reverse-time run and the
 sum over its steps of the state entering each step times the states h there, which the TPU
-kernel forms in the sweep (`_recurrence/pallas_tpu.py`, `sums`; with a gate, from the rows it
-reads for the slope) and XLA after the run on other backends. Both primitives are composed of
+kernel forms in the sweep for gated runs (IndRNN's backward: `_recurrence/pallas_tpu.py`,
+`sums`, from the rows it reads for the slope), and XLA after the run for linear runs (which
+keep their in-place split of a sharded time axis) and on other backends. Both primitives are composed of
 the ones above for their JVPs and other lowerings, so higher orders work as before.
 """
 
@@ -160,9 +161,10 @@ gated_recurrence_p.def_abstract_eval(_abstract_eval)
 
 # The reversed run of a transpose with the cotangent of a coefficient constant in time:
 # (g, the sum over the steps of the state entering each step times that step's states), the
-# second formed in the sweep by the TPU kernel (`_recurrence/pallas_tpu.py`, `sums`) and by XLA
-# after the run elsewhere. Operands (a, x, h0, states), params those of `gated_recurrence_p`
-# (`gate`: the activation whose slope gates the run, or None) without `final_only`.
+# second formed in the sweep by the TPU kernel (`_recurrence/pallas_tpu.py`, `sums`) for gated
+# runs, and by XLA after the run for linear ones and on other backends. Operands (a, x, h0,
+# states), params those of `gated_recurrence_p` (`gate`: the activation whose slope gates the
+# run, or None) without `final_only`.
 recurrence_sums_p = VaryingPrimitive("tridiax_recurrence_sums")
 recurrence_sums_p.multiple_results = True
 def_jit_impl(recurrence_sums_p)
@@ -178,6 +180,10 @@ def _sums_lowering(platform: str):
     run = _lowering(platform)
 
     def sums(a, x, h0, states, **params):
+        if params["gate"] is None:
+            # Linear runs stay `recurrence_p`, whose split time axis runs in place (a sharded
+            # time axis is gathered for runs that read states), and XLA sums after them.
+            return _sums_composed(a, x, h0, states, **params)
         return run(a, x, h0, states, final_only=False, sums=True, **params)
 
     return sums
@@ -275,7 +281,8 @@ def _jvp(primals, tangents, *, axis, reverse, shifted, activation, final_only, b
                               final_only=final_only, **params)
     if a_t is not None and _sums_apply(a, x, axis, activation):
         # The coefficient is constant in time: its cotangent is summed in the transpose's run.
-        zeros = [jnp.zeros_like(v) if t is None else t for v, t in ((x, x_t), (h0, h0_t))]
+        zeros = [jnp.zeros((1,) * v.ndim, v.dtype) if t is None else t
+                 for v, t in ((x, x_t), (h0, h0_t))]
         return h, recurrence_tangent_p.bind(
             a, *zeros, a_t, h_seq, h0, shifted=shifted, gate=activation,
             final_only=final_only, **params)
