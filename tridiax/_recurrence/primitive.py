@@ -31,8 +31,8 @@ linear in (x', h0', a'), whose transpose binds `recurrence_sums_p`: the reverse-
 sum over its steps of the state entering each step times the states h there, which the TPU
 kernel forms in the sweep for gated runs (IndRNN's backward: `_recurrence/pallas_tpu.py`,
 `sums`, from the rows it reads for the slope), and XLA after the run for linear runs (which
-keep their in-place split of a sharded time axis) and on other backends. Both primitives are composed of
-the ones above for their JVPs and other lowerings, so higher orders work as before.
+keep their in-place split of a sharded time axis) and on other backends. Both primitives are
+composed of the ones above for their JVPs and other lowerings, so higher orders work as before.
 """
 
 from __future__ import annotations
@@ -104,9 +104,8 @@ def _lowering(platform: str):
             if not sums:
                 return back(h)
             h = back(h)
-            if total is None:  # the state entering each step times its states, summed
-                entering = previous_states(h, h0, axis=axis, reverse=reverse)
-                return h, _along.sum_along(entering * states[0], axis).astype(x.dtype)
+            if total is None:
+                return h, _entering_sums(h, h0, states[0], axis=axis, reverse=reverse).astype(x.dtype)
             return h, back(total).astype(x.dtype)
 
         def run_along(axis, a, x, h0, *states, shifted, final_only):
@@ -197,8 +196,7 @@ def _sums_composed(a, x, h0, states, *, axis, reverse, shifted, gate, backend, c
         h = recurrence_p.bind(a, x, h0, activation=None, **params)
     else:
         h = gated_recurrence_p.bind(a, x, h0, states, gate=gate, **params)
-    entering = previous_states(h, h0, axis=axis, reverse=reverse)
-    return h, _along.sum_along(entering * states, axis)
+    return h, _entering_sums(h, h0, states, axis=axis, reverse=reverse)
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
@@ -222,6 +220,13 @@ def previous_states(h, h0, *, axis, reverse):
     first = jax.lax.pad(jnp.broadcast_to(first, h.shape[:axis] + (1,) + h.shape[axis + 1:]),
                         jnp.zeros((), h.dtype), config)
     return _along.shift(h, step, axis) + first
+
+
+def _entering_sums(h, h0, states, *, axis, reverse):
+    """The sum over the steps of a run h (from h0) of the state entering each step times that
+    step's states: `recurrence_sums_p`'s second result, formed after the run."""
+    entering = previous_states(h, h0, axis=axis, reverse=reverse)
+    return _along.sum_along(entering * states, axis)
 
 
 def _coefficients(a, T, *, axis, reverse, shifted):
@@ -354,10 +359,7 @@ def _tangent_transpose(h_bar, a, x_t, h0_t, a_t, h, h0, *, axis, reverse, shifte
     if type(h_bar) is ad.Zero:
         return (None, *(None if aval is None else ad.Zero(aval) for aval in avals), None, None)
     T = h.shape[axis]
-    if final_only:  # the cotangent of the last state only
-        config = [(0, 0, 0)] * h_bar.ndim
-        config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
-        h_bar = jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
+    h_bar = _every_state_cotangent(h_bar, T, axis=axis, reverse=reverse, final_only=final_only)
     zero_h0 = jnp.zeros((1,) * h_bar.ndim, h_bar.dtype)
     g, total = recurrence_sums_p.bind(a, h_bar, zero_h0, h, axis=axis, reverse=not reverse,
                                       shifted=not shifted, gate=gate, backend=backend, chunk=chunk)
@@ -367,12 +369,7 @@ def _tangent_transpose(h_bar, a, x_t, h0_t, a_t, h, h0, *, axis, reverse, shifte
     if avals[0] is not None:
         x_ct = _along.unbroadcast(g, avals[0].shape)
     if avals[1] is not None:
-        if shifted:  # the shifted recurrence multiplies h0 by zero
-            h0_ct = ad.Zero(avals[1])
-        else:
-            a_index = first if a.shape[axis] > 1 else 0
-            a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
-            h0_ct = _along.unbroadcast(a_first * g_first, avals[1].shape)
+        h0_ct = _h0_cotangent(a, g, avals[1], T, axis=axis, reverse=reverse, shifted=shifted)
     if avals[2] is not None:
         # sum over t of g[t] h[t-1]: the run's sum (the state entering each of its steps,
         # g[t+1] or g[t-1], times h[t]) and the first step's g times h0 (zero when shifted)
@@ -382,16 +379,20 @@ def _tangent_transpose(h_bar, a, x_t, h0_t, a_t, h, h0, *, axis, reverse, shifte
     return (None, x_ct, h0_ct, a_ct, None, None)
 
 
+def _instantiated(primals, tangents) -> tuple:
+    """The tangents with symbolic zeros made arrays, for jax.jvp of a composition."""
+    return tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
+                 for p, t in zip(primals, tangents, strict=True))
+
+
 def _tangent_jvp(primals, tangents, **params):
-    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
-                     for p, t in zip(primals, tangents, strict=True))
-    return jax.jvp(functools.partial(_tangent_composed, **params), tuple(primals), tangents)
+    return jax.jvp(functools.partial(_tangent_composed, **params), tuple(primals),
+                   _instantiated(primals, tangents))
 
 
 def _sums_jvp(primals, tangents, **params):
-    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
-                     for p, t in zip(primals, tangents, strict=True))
-    out, out_t = jax.jvp(functools.partial(_sums_composed, **params), tuple(primals), tangents)
+    out, out_t = jax.jvp(functools.partial(_sums_composed, **params), tuple(primals),
+                         _instantiated(primals, tangents))
     return list(out), list(out_t)
 
 
@@ -427,9 +428,7 @@ def _gated_jvp(primals, tangents, *, axis, reverse, shifted, gate, final_only, b
                                  shifted=False, activation=None, final_only=final_only,
                                  backend=backend, chunk=chunk)
 
-    tangents = tuple(jnp.zeros_like(p) if type(t) is ad.Zero else t
-                     for p, t in zip(primals, tangents, strict=True))
-    return jax.jvp(materialized, tuple(primals), tangents)
+    return jax.jvp(materialized, tuple(primals), _instantiated(primals, tangents))
 
 
 ad.primitive_jvps[gated_recurrence_p] = _gated_jvp
@@ -446,10 +445,7 @@ def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, bac
         return (None, ad.Zero(x_aval) if ad.is_undefined_primal(x) else None,
                 ad.Zero(h0_aval) if ad.is_undefined_primal(h0) else None) + (None,) * len(states)
     T = max(a.shape[axis], x_aval.shape[axis])
-    if final_only:  # the cotangent of the last state only
-        config = [(0, 0, 0)] * h_bar.ndim
-        config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
-        h_bar = jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
+    h_bar = _every_state_cotangent(h_bar, T, axis=axis, reverse=reverse, final_only=final_only)
     zero_h0 = jnp.zeros((1,) * h_bar.ndim, h_bar.dtype)
     params = dict(axis=axis, reverse=not reverse, shifted=not shifted, final_only=False,
                   backend=backend, chunk=chunk)
@@ -460,15 +456,30 @@ def _transpose(h_bar, a, x, h0, *states, axis, reverse, shifted, final_only, bac
     x_ct = _along.unbroadcast(g, x_aval.shape) if ad.is_undefined_primal(x) else None
     h0_ct = None
     if ad.is_undefined_primal(h0):
-        if shifted:  # the shifted recurrence multiplies h0 by zero
-            h0_ct = ad.Zero(h0_aval)
-        else:
-            first = _first_index(T, reverse)
-            a_index = first if a.shape[axis] > 1 else 0
-            a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
-            g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
-            h0_ct = _along.unbroadcast(a_first * g_first, h0_aval.shape)
+        h0_ct = _h0_cotangent(a, g, h0_aval, T, axis=axis, reverse=reverse, shifted=shifted)
     return (None, x_ct, h0_ct) + (None,) * len(states)
+
+
+def _every_state_cotangent(h_bar, T, *, axis, reverse, final_only):
+    """The cotangent of every state: h_bar itself, or that of the last state only (padded with
+    zeros) when `final_only`."""
+    if not final_only:
+        return h_bar
+    config = [(0, 0, 0)] * h_bar.ndim
+    config[axis] = (T - 1, 0, 0) if not reverse else (0, T - 1, 0)
+    return jax.lax.pad(h_bar, jnp.zeros((), h_bar.dtype), config)
+
+
+def _h0_cotangent(a, g, h0_aval, T, *, axis, reverse, shifted):
+    """h0's cotangent from the transpose's run g: a at the first step times g there (zero when
+    shifted: the shifted recurrence multiplies h0 by zero)."""
+    if shifted:
+        return ad.Zero(h0_aval)
+    first = _first_index(T, reverse)
+    a_index = first if a.shape[axis] > 1 else 0
+    a_first = jax.lax.slice_in_dim(a, a_index, a_index + 1, axis=axis)
+    g_first = jax.lax.slice_in_dim(g, first, first + 1, axis=axis)
+    return _along.unbroadcast(a_first * g_first, h0_aval.shape)
 
 
 ad.primitive_transposes[recurrence_p] = _transpose
@@ -478,7 +489,8 @@ ad.primitive_transposes[gated_recurrence_p] = _transpose
 def _batcher(primitive):
     def batch(operands, dims, *, axis, **params):
         moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=1)
-        return primitive.bind(*moved, axis=axis, **params), bdim
+        out = primitive.bind(*moved, axis=axis, **params)
+        return out, ([bdim] * len(out) if primitive.multiple_results else bdim)
 
     return batch
 
@@ -486,11 +498,4 @@ def _batcher(primitive):
 batching.primitive_batchers[recurrence_p] = _batcher(recurrence_p)
 batching.primitive_batchers[gated_recurrence_p] = _batcher(gated_recurrence_p)
 batching.primitive_batchers[recurrence_tangent_p] = _batcher(recurrence_tangent_p)
-
-
-def _sums_batch(operands, dims, *, axis, **params):
-    moved, bdim, axis = _along.align_batch(operands, dims, axis, preferred=1)
-    return recurrence_sums_p.bind(*moved, axis=axis, **params), [bdim, bdim]
-
-
-batching.primitive_batchers[recurrence_sums_p] = _sums_batch
+batching.primitive_batchers[recurrence_sums_p] = _batcher(recurrence_sums_p)
