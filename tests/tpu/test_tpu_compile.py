@@ -389,9 +389,12 @@ ENTRY_POINTS = {
                             [((1000, 4096), "float32")] * 2, 2, "program"),
     "grad-indrnn-tanh-f32": (_grad(functools.partial(tridiax.indrnn, activation=jnp.tanh), (0, 1)),
                              [((4096,), "float32"), ((1000, 4096), "float32")], 2, "program"),
-    # arrays too large for XLA to keep any in VMEM: `test_indrnn_gradient_gates_in_the_kernel`
+    # arrays too large for XLA to keep any in VMEM: `test_constant_weights_sum_in_the_kernel`
     "grad-indrnn-relu-larger-than-vmem-f32": (_grad(tridiax.indrnn, (0, 1)),
                                               [((100_000,), "float32"), ((1000, 100_000), "float32")], 2, None),
+    "grad-recurrence-decay-larger-than-vmem-f32": (
+        _grad(lambda a, x: tridiax.linear_recurrence(a, x), (0, 1)),
+        [((100_000,), "float32"), ((1000, 100_000), "float32")], 2, None),
 }
 
 
@@ -500,16 +503,18 @@ def test_gradient_kernels_move_each_array_once():
             assert k.operand_bytes + k.result_bytes <= FLOOR_FACTOR * arrays * array, (name, k)
 
 
-def test_indrnn_gradient_gates_in_the_kernel():
+@pytest.mark.parametrize("name", ["grad-indrnn-relu-larger-than-vmem-f32",
+                                  "grad-recurrence-decay-larger-than-vmem-f32"])
+def test_constant_weights_sum_in_the_kernel(name):
     """IndRNN's forward and gradient (a weight per feature; arrays of T x F no VMEM holds) move 7
     arrays of T x F through HBM: the forward (z read, h written), the loss's cotangent (h read,
     2h written) and the reversed recurrence gated in the kernel (the cotangent and h read, z's
     cotangent written), which also sums the weight's cotangent over T from the rows it holds.
     Summed by XLA instead, the weight's cotangent reads z's cotangent and h again: 9; with the
     gate's slope materialized too, XLA writes the slope-scaled weight and cotangent as two
-    arrays more and the kernel reads them instead of h: 12."""
+    arrays more and the kernel reads them instead of h: 12. A linear recurrence's decay per
+    feature moves the same 7: its reversed run, ungated, reads h for the sum alone."""
     _require_harness()
-    name = "grad-indrnn-relu-larger-than-vmem-f32"
     report = _reports(V5E, (name,))[name]
     assert not _problems(name, report), _problems(name, report)
     array = 1000 * 100_000 * 4

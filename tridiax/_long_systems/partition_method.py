@@ -198,17 +198,20 @@ def solve_small(a: Array, b: Array) -> Array:
     return lax.fori_loop(0, n, substitute, jnp.zeros(ab.shape[:-1], ab.dtype))
 
 
-def recurrence_split(a, x, h0, *, names, devices: int, axis: int, reverse: bool, shifted: bool,
-                     final_only: bool, local_recurrence) -> Array:
+def recurrence_split(a, x, h0, *states, names, devices: int, axis: int, reverse: bool,
+                     shifted: bool, final_only: bool, local_recurrence):
     """This device's part of the linear recurrence h[t] = c[t] h[t-1] + x[t] when its time axis
     is split into blocks over `names` (block k: steps k*m .. k*m + m - 1).
 
     Each block runs from a zero state to its local final state s_k, and D_k is the product of
     its coefficients; one all-gather of (D_k, s_k) (2 values per sequence and block) lets every
     device fold the blocks before its own, h_in = D_j h_in + s_j, then run its block once more
-    from h_in. `local_recurrence(c, x, h0, final_only=)` is the single-device kernel (linear,
-    not shifted). With `shifted` (c[t] = a at the previous step, zero at the very first step),
-    the coefficient of a block's first step is the neighbouring block's edge value.
+    from h_in. `local_recurrence(c, x, h0, *states, final_only=, sums=)` is the single-device
+    kernel (linear, not shifted). With `shifted` (c[t] = a at the previous step, zero at the
+    very first step), the coefficient of a block's first step is the neighbouring block's edge
+    value. With `states` (this device's block of them), returns (h, the sum over every step of
+    the state entering it times its states): each block's sum from its entering state h_in,
+    added up over `names` (one value per sequence and block).
     """
     out_dtype = x.dtype
     cdt = compute_dtype(out_dtype)
@@ -239,4 +242,7 @@ def recurrence_split(a, x, h0, *, names, devices: int, axis: int, reverse: bool,
         return h.astype(out_dtype)
     entering = jnp.stack([state for _, state in sorted(before, key=lambda item: item[0])])
     h_in = lax.dynamic_index_in_dim(entering, k, axis=0, keepdims=False)
-    return local_recurrence(c, x, h_in, final_only=False).astype(out_dtype)
+    if not states:
+        return local_recurrence(c, x, h_in, final_only=False).astype(out_dtype)
+    h, total = local_recurrence(c, x, h_in, *states, final_only=False, sums=True)
+    return h.astype(out_dtype), lax.psum(total.astype(cdt), names).astype(out_dtype)

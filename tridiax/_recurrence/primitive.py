@@ -29,10 +29,11 @@ sum_t g[t] * h[t-1], which XLA would form in a pass of its own over g and h. Its
 `recurrence_tangent_p` instead, the same tangent recurrence (gated or not) as one primitive
 linear in (x', h0', a'), whose transpose binds `recurrence_sums_p`: the reverse-time run and the
 sum over its steps of the state entering each step times the states h there, which the TPU
-kernel forms in the sweep for gated runs (IndRNN's backward: `_recurrence/pallas_tpu.py`,
-`sums`, from the rows it reads for the slope), and XLA after the run for linear runs (which
-keep their in-place split of a sharded time axis) and on other backends. Both primitives are
-composed of the ones above for their JVPs and other lowerings, so higher orders work as before.
+kernel forms in the sweep (`_recurrence/pallas_tpu.py`, `sums`; gated, from the rows it reads
+for the slope), and XLA after the run elsewhere. A linear run whose time axis is split
+across devices keeps running in place, each device summing its block from the state entering
+it (`_long_systems/partition_method.py`, `recurrence_split`). Both primitives are composed of
+the ones above for their JVPs and other lowerings, so higher orders work as before.
 """
 
 from __future__ import annotations
@@ -93,14 +94,16 @@ def _lowering(platform: str):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
                                             chunk=override, gated=gated)
 
-        def local_recurrence(a, x, h0, *states, shifted=False, final_only):
-            """The sequences one device holds (all of them when unsharded)."""
+        def local_recurrence(a, x, h0, *states, shifted=False, final_only, sums=False):
+            """The sequences one device holds (all of them when unsharded); with `sums`, also
+            the sum over the steps of the state entering each step times `states`."""
             operands, along, back = (a, x, h0, *states), axis, lambda h: h
             if backend in _planner.TPU_BACKENDS:
                 from .._pallas import tpu as _tpu  # the operands as TPU memory holds them
 
                 operands, along, back = _tpu.in_physical_order(operands, axis, x.dtype)
-            h, total = run_along(along, *operands, shifted=shifted, final_only=final_only)
+            h, total = run_along(along, *operands, shifted=shifted, final_only=final_only,
+                                 sums=sums)
             if not sums:
                 return back(h)
             h = back(h)
@@ -108,7 +111,7 @@ def _lowering(platform: str):
                 return h, _entering_sums(h, h0, states[0], axis=axis, reverse=reverse).astype(x.dtype)
             return h, back(total).astype(x.dtype)
 
-        def run_along(axis, a, x, h0, *states, shifted, final_only):
+        def run_along(axis, a, x, h0, *states, shifted, final_only, sums):
             """`local_recurrence` of sequences along `axis`."""
             shape = _layout.broadcast_shape(a, x, h0, *states)
             state = _out_shape(shape, axis, True)
@@ -125,7 +128,7 @@ def _lowering(platform: str):
                 slope = _slope(gate, states[0], None)
                 a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
                 x, shifted = slope * x, False
-            if sums_in_kernel:
+            if sums and sums_in_kernel:
                 h, total = kernels.recurrence(a, x, h0, reverse=reverse, shifted=shifted,
                                               activation=None, final_only=False, out_dtype=x.dtype,
                                               tiling=None, gate=gated, sums=states[0])
@@ -139,11 +142,11 @@ def _lowering(platform: str):
             return back(h).reshape(_out_shape(shape, axis, final_only)), None
 
         def local(*operands):
-            return local_recurrence(*operands, shifted=shifted, final_only=final_only)
+            return local_recurrence(*operands, shifted=shifted, final_only=final_only, sums=sums)
 
-        # A split time axis is run in place for linear recurrences; IndRNN's nonlinear ones
-        # and the gated ones of their derivatives gather it.
-        split = None if activation is not None or states else functools.partial(
+        # A split time axis is run in place for linear recurrences (with their sums); IndRNN's
+        # nonlinear ones and the gated ones of their derivatives gather it.
+        split = None if activation is not None or gate is not None else functools.partial(
             _partition_method.recurrence_split, axis=axis, reverse=reverse, shifted=shifted,
             final_only=final_only, local_recurrence=local_recurrence)
         operands = (a, x, h0, *states)
@@ -160,8 +163,8 @@ gated_recurrence_p.def_abstract_eval(_abstract_eval)
 
 # The reversed run of a transpose with the cotangent of a coefficient constant in time:
 # (g, the sum over the steps of the state entering each step times that step's states), the
-# second formed in the sweep by the TPU kernel (`_recurrence/pallas_tpu.py`, `sums`) for gated
-# runs, and by XLA after the run for linear ones and on other backends. Operands (a, x, h0,
+# second formed in the sweep by the TPU kernel (`_recurrence/pallas_tpu.py`, `sums`), and by
+# XLA after the run elsewhere (other backends, chunked or complex runs). Operands (a, x, h0,
 # states), params those of `gated_recurrence_p` (`gate`: the activation whose slope gates the
 # run, or None) without `final_only`.
 recurrence_sums_p = VaryingPrimitive("tridiax_recurrence_sums")
@@ -179,10 +182,6 @@ def _sums_lowering(platform: str):
     run = _lowering(platform)
 
     def sums(a, x, h0, states, **params):
-        if params["gate"] is None:
-            # Linear runs stay `recurrence_p`, whose split time axis runs in place (a sharded
-            # time axis is gathered for runs that read states), and XLA sums after them.
-            return _sums_composed(a, x, h0, states, **params)
         return run(a, x, h0, states, final_only=False, sums=True, **params)
 
     return sums
