@@ -55,10 +55,13 @@ HBM_BYTES_S = {"v4:2x2x1": 1.228e12, "v5e:2x2": 0.819e12, "v5p:2x2x1": 2.765e12,
 STREAM = 0.78
 LAUNCH_S = 5e-6
 GOAL = 1.2  # the issue's: modelled bytes within 1.2x of the floor
-# Beyond the CPU shape table: IndRNN with a weight per feature (relu, the default), whose
-# gradient's reversed recurrence the kernel gates by the slope of the states it reads, summing
-# the weight's cotangent from the same rows.
-INDRNN = [("indrnn (T, F) = (1 000, 100 000), a weight per feature", (1_000, 100_000), 0, "indrnn")]
+# Beyond the CPU shape table, weights constant in time, whose cotangent the gradient's reversed
+# recurrence sums in the kernel: IndRNN with a weight per feature (relu, the default), gated by
+# the slope of the states it reads, and a linear recurrence with a decay per feature (an LRU's).
+CONSTANT_WEIGHTS = [
+    ("indrnn (T, F) = (1 000, 100 000), a weight per feature", (1_000, 100_000), 0, "indrnn"),
+    ("recurrence (T, F) = (1 000, 100 000), a decay per feature", (1_000, 100_000), 0, "decay"),
+]
 
 
 # How a call's gradient is compiled (see the module docstring): None is the call alone.
@@ -85,17 +88,18 @@ def _entry(op: str, axis: int, gradient: str | None = None) -> str:
 
 def _arguments(shape, op: str, axis: int) -> list[tuple[tuple[int, ...], str]]:
     """The float32 arguments of a call: four bands (a solve), a and x (a recurrence), a weight
-    per feature and z (IndRNN)."""
-    if op == "indrnn":
+    per feature and z (IndRNN), a decay per feature and x ("decay")."""
+    if op in ("indrnn", "decay"):
         return [((shape[1 - axis],), "float32"), (shape, "float32")]
     return [(shape, "float32")] * (4 if op == "solve" else 2)
 
 
 def floor_bytes(shape, op: str, axis: int = 0, grad: bool = False) -> int:
     """Each argument read once and the output written once: 5 arrays (a solve), 3 (a
-    recurrence), 2 and a weight (IndRNN). With the gradient: then the arguments and the result
-    read again and each argument's gradient written, 3 x the arguments + 2 x the result: 14
-    arrays (a solve), 8 (a recurrence), 5 and three weights (IndRNN)."""
+    recurrence), 2 and a weight (IndRNN, a decay per feature). With the gradient: then the
+    arguments and the result read again and each argument's gradient written, 3 x the
+    arguments + 2 x the result: 14 arrays (a solve), 8 (a recurrence), 5 and three weights
+    (IndRNN, a decay per feature)."""
     arguments = sum(math.prod(s) * 4 for s, _ in _arguments(shape, op, axis))
     result = math.prod(shape) * 4
     return 3 * arguments + 2 * result if grad else arguments + result
@@ -106,12 +110,12 @@ def model(topology: str, gradient: str | None = None) -> list[dict]:
     (`gradient`: one of `GRADIENTS`)."""
     cases = {label: (_entry(op, axis, gradient), _arguments(shape, op, axis)
                      + ([(shape, "float32")] if gradient == "vjp" else []))  # the cotangent
-             for label, shape, axis, op in SHAPES + INDRNN}
+             for label, shape, axis, op in SHAPES + CONSTANT_WEIGHTS}
     reports = tpu_aot.compile_reports(cases, topology=topology, timeout=1800)
     rate = STREAM * HBM_BYTES_S[topology]
     rows = []
     grad = gradient is not None
-    for label, shape, axis, op in SHAPES + INDRNN:
+    for label, shape, axis, op in SHAPES + CONSTANT_WEIGHTS:
         report = reports[label]
         floor = floor_bytes(shape, op, axis, grad=grad)
         row = {"case": label, "topology": topology, "grad": grad, "gradient": gradient,
