@@ -317,7 +317,7 @@ def test_split_axis_fallbacks_gather_and_stay_correct(case):
 
 
 @pytest.mark.parametrize("name", ["linear", "reverse", "final_only", "grad", "grad decay per sequence",
-                                  "indrnn relu"])
+                                  "grad decay per sequence reversed", "indrnn relu"])
 @pytest.mark.parametrize("mesh,shape,axis,spec", SPLIT_CASES[:3])
 def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
     mesh = mesh_of(mesh)
@@ -330,6 +330,9 @@ def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
     f = {"linear": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, initial=h0),
          "grad decay per sequence": lambda a, x: jax.vjp(lambda d, x: tridiax.linear_recurrence(
              d, x, axis=axis, initial=h0), jnp.asarray(decay), x)[1](x),
+         "grad decay per sequence reversed": lambda a, x: jax.vjp(
+             lambda d, x: tridiax.linear_recurrence(d, x, axis=axis, reverse=True, initial=h0),
+             jnp.asarray(decay), x)[1](x),
          "reverse": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, reverse=True),
          "final_only": lambda a, x: tridiax.linear_recurrence(a, x, axis=axis, initial=h0,
                                                               final_only=True),
@@ -341,7 +344,7 @@ def test_split_time_axis_recurrences(name, mesh, shape, axis, spec):
         return  # nonlinear: the time axis is gathered (documented), correct all the same
     assert_small_exchange(moved, shape, axis, devices,
                           values_per_system=6 if name.startswith("grad") else 2)
-    if name == "grad decay per sequence":
+    if name.startswith("grad decay per sequence"):
         out = out[1]  # the decay's cotangent has no time axis to split
     if name != "final_only":
         for o in jax.tree.leaves(out):
