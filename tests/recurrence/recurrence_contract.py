@@ -185,6 +185,25 @@ class RecurrenceContract(BackendContract):
                      self.wide)
 
 
+    @pytest.mark.parametrize("reverse", [False, True])
+    def test_vmapped_decay_gradient_of_a_loss_linear_in_the_states(self, reverse):
+        # vmap over x of a loss linear in h: the states are batched, their cotangent w is not
+        rng = np.random.default_rng(11)
+        a = jnp.asarray(rng.uniform(0.3, 0.9, 5), self.wide)
+        xs = jnp.asarray(rng.standard_normal((3, 9, 5)), self.wide)
+        w = jnp.asarray(rng.standard_normal((9, 5)), self.wide)
+
+        def gradient(f):
+            loss = lambda a, x: jnp.sum(w * f(a, x))  # noqa: E731
+            return jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, 0))(a, xs)
+
+        got = gradient(lambda a, x: recurrence(a, x, reverse=reverse, backend=self.backend))
+        want = gradient(lambda a, x: jax_loop(a, x, jnp.zeros(5, self.wide), reverse=reverse))
+        for g, e in zip(got, want, strict=True):
+            assert g.shape == e.shape
+            assert_close(g, e, self.wide, factor=10)
+
+
 class PallasRecurrenceContract(RecurrenceContract):
     """The contract, and what the Pallas Triton kernels (compiled or interpreted) must also
     do."""

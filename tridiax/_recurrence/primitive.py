@@ -182,6 +182,9 @@ def _sums_lowering(platform: str):
     run = _lowering(platform)
 
     def sums(a, x, h0, states, **params):
+        # The run has the states' shape: a cotangent that vmap left unbatched against batched
+        # states (a loss linear in h) is broadcast to it (a no-op otherwise).
+        x = jnp.broadcast_to(x, _layout.broadcast_shape(a, x, h0, states))
         return run(a, x, h0, states, final_only=False, sums=True, **params)
 
     return sums
