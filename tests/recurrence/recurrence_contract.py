@@ -184,7 +184,6 @@ class RecurrenceContract(BackendContract):
         assert_close(jax.jvp(f, (a, x), tangents)[1], jax.jvp(g, (a, x), tangents)[1],
                      self.wide)
 
-
     @pytest.mark.parametrize("reverse", [False, True])
     def test_vmapped_decay_gradient_of_a_loss_linear_in_the_states(self, reverse):
         # vmap over x of a loss linear in h: the states are batched, their cotangent w is not
