@@ -245,4 +245,4 @@ def recurrence_split(a, x, h0, *states, names, devices: int, axis: int, reverse:
     if not states:
         return local_recurrence(c, x, h_in, final_only=False).astype(out_dtype)
     h, total = local_recurrence(c, x, h_in, *states, final_only=False, sums=True)
-    return h.astype(out_dtype), lax.psum(total.astype(cdt), names).astype(out_dtype)
+    return h.astype(out_dtype), lax.psum(total, names).astype(out_dtype)

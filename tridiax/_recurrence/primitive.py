@@ -87,8 +87,8 @@ def _lowering(platform: str):
         # a TPU recurrence is unless told otherwise), else materialized.
         on_tpu = backend in _planner.TPU_BACKENDS and not chunk and not jnp.iscomplexobj(x)
         in_kernel = _gates(gate) and (backend == "native" or on_tpu)
-        # The sums of `sums` formed in the sweep (the TPU kernel), else by XLA after it.
-        sums_in_kernel = sums and on_tpu and not jnp.iscomplexobj(states[0])
+        # Sums (`sums`) formed in the sweep by the TPU kernel, else by XLA after the run.
+        kernel_sums = on_tpu and not any(map(jnp.iscomplexobj, states))
 
         def plan(P, T, Q, override, gated=False):
             return _planner.recurrence_plan(backend, platform, P, T, Q, x.dtype, linear=linear,
@@ -128,7 +128,7 @@ def _lowering(platform: str):
                 slope = _slope(gate, states[0], None)
                 a = slope * _coefficients(a, T, axis=1, reverse=reverse, shifted=shifted)
                 x, shifted = slope * x, False
-            if sums and sums_in_kernel:
+            if sums and kernel_sums:
                 h, total = kernels.recurrence(a, x, h0, reverse=reverse, shifted=shifted,
                                               activation=None, final_only=False, out_dtype=x.dtype,
                                               tiling=None, gate=gated, sums=states[0])
